@@ -1,0 +1,34 @@
+# The two commands of the README:  `make demo`  and  `make test`.
+# Each creates .venv and installs the CPU stack when missing (idempotent: a stamp file
+# records the install; editing pyproject.toml or ci/constraints.txt reinstalls).
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# torch is pinned in the same pip command as everything else (the CPU build; see ci/constraints.txt).
+PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c ci/constraints.txt
+
+.PHONY: install test test-fast demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml ci/constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing the CPU stack into $(VENV) (torch 2.13.0 CPU, verl 0.9.1, ...)"
+	@$(PIP_INSTALL) torch==2.13.0 -e '.[dev]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -ra tests
+
+demo: $(STAMP)
+	bash scripts/demo.sh
+
+bench: $(STAMP)
+	$(PY) bench/bench_retrieval.py
+	$(PY) bench/bench_llds.py
+
+clean:
+	rm -rf $(VENV) runs outputs .pytest_cache

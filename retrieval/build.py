@@ -1,0 +1,114 @@
+"""Build an index directory from a wiki-18-format corpus.
+
+    python -m retrieval.build --corpus data/corpus.jsonl --out runs/index/minilm            # dense
+    python -m retrieval.build --corpus data/corpus.jsonl --out runs/index/bm25 --kind bm25
+    python -m retrieval.build --corpus wiki-18.jsonl --out idx/e5 --encoder intfloat/e5-base-v2 --factory HNSW64
+
+Dense builds stream the corpus in batches (progress bar) into an on-disk float32 memmap, so
+memory stays bounded; an interrupted build resumes from the last finished batch. The index
+directory gets ``manifest.json`` (kind, encoder spec, dim, count, corpus path, factory),
+``offsets.npy`` (corpus row offsets) and ``index.faiss`` or ``bm25/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from retrieval.corpus import CorpusStore
+from retrieval.index import MANIFEST, BM25Index, DenseIndex
+
+PROGRESS = "progress.json"
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def build_dense(corpus: str, out: str, *, encoder: str = "minilm", factory: str = "Flat", batch_size: int = 256,
+                max_length: int = 256, pooling: str | None = None, device: str | None = None,
+                limit: int | None = None, progress: bool = True) -> Path:
+    from retrieval.encoder import Encoder, spec_for
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store = CorpusStore(corpus, out_dir / "offsets.npy", progress=progress)
+    n = len(store) if limit is None else min(limit, len(store))
+    spec = spec_for(encoder, max_length=max_length, pooling=pooling)
+    enc = Encoder(spec, device=device)
+    emb_path = out_dir / "embeddings.f32"
+    state_path = out_dir / PROGRESS
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    key = {"corpus": str(Path(corpus).resolve()), "n": n, "dim": enc.dim, "encoder": spec.to_dict()}
+    done = state.get("done", 0) if state.get("key") == key else 0
+    mode = "r+" if done and emb_path.is_file() else "w+"
+    emb = np.memmap(emb_path, dtype=np.float32, mode=mode, shape=(n, enc.dim))
+    t0 = time.perf_counter()
+    with tqdm(total=n, initial=done, unit="psg", desc="encoding", disable=not progress) as bar:
+        for start in range(done, n, batch_size):
+            rows = range(start, min(start + batch_size, n))
+            texts = [store.get(r)["contents"] for r in rows]
+            emb[start: start + len(texts)] = enc.encode(texts, is_query=False)
+            done = start + len(texts)
+            emb.flush()
+            _write_json(state_path, {"key": key, "done": done})
+            bar.update(len(texts))
+    encode_s = time.perf_counter() - t0
+    index = DenseIndex.build(factory, np.asarray(emb))
+    index.save(out_dir / "index.faiss")
+    _write_json(out_dir / MANIFEST, {
+        "kind": "dense", "encoder": spec.to_dict(), "dim": enc.dim, "count": n, "factory": factory,
+        "corpus": str(Path(corpus).resolve()), "encode_seconds": round(encode_s, 3),
+    })
+    del emb
+    return out_dir
+
+
+def build_bm25(corpus: str, out: str, *, limit: int | None = None, progress: bool = True) -> Path:
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store = CorpusStore(corpus, out_dir / "offsets.npy", progress=progress)
+    n = len(store) if limit is None else min(limit, len(store))
+    texts = [store.get(r)["contents"] for r in tqdm(range(n), desc="reading", disable=not progress)]
+    BM25Index.build(texts).save(out_dir / "bm25")
+    _write_json(out_dir / MANIFEST, {"kind": "bm25", "count": n, "corpus": str(Path(corpus).resolve())})
+    return out_dir
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m retrieval.build", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", required=True, help="wiki-18-format jsonl")
+    ap.add_argument("--out", required=True, help="index directory to write")
+    ap.add_argument("--kind", choices=["dense", "bm25"], default="dense")
+    ap.add_argument("--encoder", default="minilm", help="minilm (offline default), e5, or any HF encoder path/id")
+    ap.add_argument("--factory", default="Flat", help="FAISS factory string: Flat, HNSW64, IVF4096,PQ64 ...")
+    ap.add_argument("--pooling", choices=["mean", "cls"], default=None)
+    ap.add_argument("--max-length", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--limit", type=int, default=None, help="index only the first N passages")
+    args = ap.parse_args(argv)
+    if not Path(args.corpus).is_file():
+        ap.error(f"--corpus: file not found: {args.corpus}")
+    if args.batch_size < 1:
+        ap.error("--batch-size must be >= 1")
+    if args.kind == "bm25":
+        out = build_bm25(args.corpus, args.out, limit=args.limit)
+    else:
+        out = build_dense(args.corpus, args.out, encoder=args.encoder, factory=args.factory,
+                          batch_size=args.batch_size, max_length=args.max_length, pooling=args.pooling,
+                          device=args.device, limit=args.limit)
+    print(f"index written to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Memory-mapped passage store for wiki-18-format jsonl (``{"id", "contents"}`` per line).
+
+The jsonl file is memory-mapped and a ``uint64`` array of line start offsets (``.npy``, itself
+memory-mapped) gives O(1) access by row, so a 21M-passage corpus costs two mmaps and no
+Python objects until a row is read.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+_CHUNK = 64 << 20
+
+
+class CorpusError(ValueError):
+    """A corpus file is missing or malformed; the message names the file and line."""
+
+
+def line_offsets(path: str | os.PathLike, *, progress: bool = True) -> np.ndarray:
+    """Start offsets of every line of ``path`` (plus a final end offset), as uint64 [n + 1]."""
+    path = Path(path)
+    size = path.stat().st_size
+    starts = [np.zeros(1, dtype=np.uint64)]
+    with open(path, "rb") as f, tqdm(total=size, unit="B", unit_scale=True, desc=f"indexing {path.name}",
+                                     disable=not progress) as bar:
+        pos = 0
+        while True:
+            buf = f.read(_CHUNK)
+            if not buf:
+                break
+            nl = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == 10).astype(np.uint64)
+            starts.append(nl + np.uint64(pos + 1))
+            pos += len(buf)
+            bar.update(len(buf))
+    offsets = np.concatenate(starts)
+    if offsets[-1] != size:  # last line without a trailing newline
+        offsets = np.append(offsets, np.uint64(size))
+    return offsets
+
+
+class CorpusStore:
+    """O(1) passage lookup by row over a jsonl file.
+
+    ``offsets_path``: where the line-offset array lives (built on first use; default
+    ``<corpus>.offsets.npy``, or pass a writable path for a read-only corpus).
+    """
+
+    def __init__(self, path: str | os.PathLike, offsets_path: Optional[str | os.PathLike] = None,
+                 *, progress: bool = True):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise CorpusError(f"corpus file not found: {self.path}")
+        self.offsets_path = Path(offsets_path) if offsets_path else self.path.with_name(self.path.name + ".offsets.npy")
+        size = self.path.stat().st_size
+        offsets = None
+        if self.offsets_path.is_file():
+            offsets = np.load(self.offsets_path, mmap_mode="r")
+            if len(offsets) == 0 or int(offsets[-1]) != size:
+                offsets = None  # stale: the corpus changed
+        if offsets is None:
+            offsets = line_offsets(self.path, progress=progress)
+            self.offsets_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.offsets_path.with_name(self.offsets_path.name + ".tmp.npy")
+            np.save(tmp, offsets)
+            os.replace(tmp, self.offsets_path)
+            offsets = np.load(self.offsets_path, mmap_mode="r")
+        self._offsets = offsets
+        self._file = open(self.path, "rb")
+        self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def raw(self, row: int) -> bytes:
+        if not 0 <= row < len(self):
+            raise IndexError(f"row {row} out of range for corpus {self.path} with {len(self)} passages")
+        return self._mm[int(self._offsets[row]): int(self._offsets[row + 1])]
+
+    def get(self, row: int) -> dict:
+        """The corpus row as a dict (``id``, ``contents``, and any other fields)."""
+        raw = self.raw(row)
+        try:
+            doc = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise CorpusError(f"{self.path}:{row + 1}: not valid JSON ({e.msg})") from None
+        if not isinstance(doc, dict) or "contents" not in doc:
+            raise CorpusError(f"{self.path}:{row + 1}: expected an object with a 'contents' field")
+        doc.setdefault("id", str(row))
+        doc["id"] = str(doc["id"])
+        return doc
+
+    def get_many(self, rows: Sequence[int]) -> list[dict]:
+        return [self.get(int(r)) for r in rows]
+
+    def iter_contents(self, start: int = 0, *, progress: bool = False) -> Iterator[tuple[int, str]]:
+        """(row, contents) for every row from ``start``, validating each line."""
+        for row in tqdm(range(start, len(self)), desc="passages", disable=not progress):
+            yield row, self.get(row)["contents"]
+
+    def close(self) -> None:
+        if isinstance(self._mm, mmap.mmap):
+            self._mm.close()
+        self._file.close()

@@ -1,0 +1,217 @@
+"""Search indexes and the retriever that ties encoder + index + corpus together.
+
+- :class:`DenseIndex`: FAISS (any factory string: ``Flat``, ``HNSW64``, ``IVF4096,PQ64`` ...),
+  inner product; memory-mapped loading of on-disk flat indexes; GPU, sharded over all GPUs,
+  when faiss-gpu is installed and asked for.
+- :class:`BM25Index`: bm25s (embedded, the default sparse index).
+- :class:`LuceneIndex`: pyserini/Lucene, to serve Search-R1's prebuilt wiki-18 BM25 index.
+
+An index directory (written by ``python -m retrieval.build``) holds ``manifest.json``; the
+:func:`load_retriever` reads it. Search-R1's released ``e5_Flat.index`` plus ``wiki-18.jsonl``
+load as they are with :func:`load_retriever` given ``index=<file>``, ``corpus=<jsonl>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from retrieval.corpus import CorpusStore
+
+MANIFEST = "manifest.json"
+
+
+class DenseIndex:
+    def __init__(self, index):
+        self.index = index
+
+    @staticmethod
+    def build(factory: str, vectors: np.ndarray, *, train_size: int = 262144, seed: int = 0,
+              hnsw_ef_search: int = 128, nprobe: int = 32) -> "DenseIndex":
+        import faiss
+
+        dim = vectors.shape[1]
+        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+        if not index.is_trained:
+            rng = np.random.default_rng(seed)
+            n = min(train_size, len(vectors))
+            sample = vectors[np.sort(rng.choice(len(vectors), n, replace=False))] if n < len(vectors) else vectors
+            index.train(np.ascontiguousarray(sample, dtype=np.float32))
+        for i in range(0, len(vectors), 65536):
+            index.add(np.ascontiguousarray(vectors[i: i + 65536], dtype=np.float32))
+        out = DenseIndex(index)
+        out.tune(hnsw_ef_search=hnsw_ef_search, nprobe=nprobe)
+        return out
+
+    def tune(self, hnsw_ef_search: Optional[int] = None, nprobe: Optional[int] = None) -> None:
+        import faiss
+
+        params = []
+        if hnsw_ef_search and "HNSW" in type(faiss.downcast_index(self.index)).__name__:
+            params.append(f"efSearch={hnsw_ef_search}")
+        if nprobe and "IVF" in type(faiss.downcast_index(self.index)).__name__:
+            params.append(f"nprobe={nprobe}")
+        if params:
+            faiss.ParameterSpace().set_index_parameters(self.index, ",".join(params))
+
+    def save(self, path: str | os.PathLike) -> None:
+        import faiss
+
+        faiss.write_index(self.index, str(path))
+
+    @staticmethod
+    def load(path: str | os.PathLike, *, mmap: bool = False, gpu: bool = False) -> "DenseIndex":
+        import faiss
+
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"FAISS index not found: {path}")
+        flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+        index = faiss.read_index(str(path), flags)
+        if gpu:
+            if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
+                raise RuntimeError("--gpu asked for, but this FAISS build has no GPU support or sees no GPU "
+                                   "(install the 'gpu' extra: faiss-gpu)")
+            co = faiss.GpuMultipleClonerOptions()
+            co.shard, co.useFloat16 = True, True
+            index = faiss.index_cpu_to_all_gpus(index, co=co)
+        return DenseIndex(index)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal)
+
+    def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
+
+
+class BM25Index:
+    def __init__(self, retriever, stemmer):
+        self.retriever = retriever
+        self.stemmer = stemmer
+
+    @staticmethod
+    def _stemmer():
+        import Stemmer
+
+        return Stemmer.Stemmer("english")
+
+    @staticmethod
+    def build(texts: Sequence[str]) -> "BM25Index":
+        import bm25s
+
+        stemmer = BM25Index._stemmer()
+        tokens = bm25s.tokenize(list(texts), stopwords="en", stemmer=stemmer, show_progress=False)
+        retriever = bm25s.BM25()
+        retriever.index(tokens, show_progress=False)
+        return BM25Index(retriever, stemmer)
+
+    def save(self, path: str | os.PathLike) -> None:
+        self.retriever.save(str(path))
+
+    @staticmethod
+    def load(path: str | os.PathLike, *, mmap: bool = True) -> "BM25Index":
+        import bm25s
+
+        return BM25Index(bm25s.BM25.load(str(path), mmap=mmap), BM25Index._stemmer())
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.retriever.scores["num_docs"])
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        import bm25s
+
+        tokens = bm25s.tokenize(list(queries), stopwords="en", stemmer=self.stemmer, show_progress=False)
+        k = min(k, self.ntotal)
+        ids, scores = self.retriever.retrieve(tokens, k=k, show_progress=False, n_threads=1)
+        return scores.astype(np.float32), ids.astype(np.int64)
+
+
+class LuceneIndex:
+    """pyserini's LuceneSearcher (the ``lucene`` extra). Returns corpus rows by docid."""
+
+    def __init__(self, path: str | os.PathLike, threads: int = 8):
+        os.environ.setdefault("OPENAI_API_KEY", "dummy")  # pyserini's searcher import insists on one
+        try:
+            from pyserini.search.lucene import LuceneSearcher
+        except ImportError as e:
+            raise RuntimeError("the Lucene BM25 index needs the 'lucene' extra: pip install -e .[lucene]") from e
+        self.searcher = LuceneSearcher(str(path))
+        self.threads = threads
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.searcher.num_docs)
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        qids = [str(i) for i in range(len(queries))]
+        hits = self.searcher.batch_search(list(queries), qids, k=k, threads=self.threads)
+        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        ids = np.full((len(queries), k), -1, dtype=np.int64)
+        for i, q in enumerate(qids):
+            for j, h in enumerate(hits.get(q, [])[:k]):
+                scores[i, j], ids[i, j] = h.score, int(h.docid)
+        return scores, ids
+
+
+class Retriever:
+    """queries -> top-k corpus rows with scores. Thread-compatible, not thread-safe: the server
+    calls it from its single batching thread."""
+
+    def __init__(self, index, corpus: CorpusStore, encoder=None, kind: str = "dense"):
+        self.index, self.corpus, self.encoder, self.kind = index, corpus, encoder, kind
+        if index.ntotal > len(corpus):
+            raise ValueError(f"index holds {index.ntotal} vectors but corpus {corpus.path} has only {len(corpus)} rows")
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[tuple[dict, float]]]:
+        if self.kind == "dense":
+            scores, ids = self.index.search(self.encoder.encode(list(queries), is_query=True), k)
+        else:
+            scores, ids = self.index.search(queries, k)
+        out = []
+        for srow, irow in zip(scores, ids):
+            out.append([(self.corpus.get(int(i)), float(s)) for s, i in zip(srow, irow) if i >= 0])
+        return out
+
+
+def read_manifest(index_dir: str | os.PathLike) -> dict:
+    path = Path(index_dir) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"no {MANIFEST} in {index_dir}: build one with `python -m retrieval.build`")
+    return json.loads(path.read_text())
+
+
+def load_retriever(index: str | os.PathLike, corpus: Optional[str | os.PathLike] = None, *,
+                   encoder: Optional[str] = None, kind: Optional[str] = None, mmap: bool = False,
+                   gpu: bool = False, device: Optional[str] = None) -> Retriever:
+    """Load from an index directory (manifest) or, for released indexes, from files.
+
+    - ``index`` a directory with ``manifest.json``: everything comes from the manifest.
+    - ``index`` a ``.index`` file (e.g. Search-R1's ``e5_Flat.index``): needs ``corpus`` and
+      ``encoder`` (e.g. ``intfloat/e5-base-v2``; e5 conventions follow from the name).
+    - ``kind="lucene"`` with ``index`` a Lucene index directory: needs ``corpus``.
+    """
+    from retrieval.encoder import Encoder, EncoderSpec, spec_for
+
+    index = Path(index)
+    if index.is_dir() and (index / MANIFEST).is_file():
+        m = read_manifest(index)
+        corpus_path = Path(corpus or m["corpus"])
+        store = CorpusStore(corpus_path, index / "offsets.npy")
+        if m["kind"] == "bm25":
+            return Retriever(BM25Index.load(index / "bm25"), store, kind="bm25")
+        spec = EncoderSpec(**m["encoder"])
+        enc = Encoder(spec, device=device)
+        return Retriever(DenseIndex.load(index / "index.faiss", mmap=mmap, gpu=gpu), store, enc)
+    if corpus is None:
+        raise ValueError(f"{index} has no {MANIFEST}: pass the corpus jsonl too")
+    store = CorpusStore(corpus, Path(str(index) + ".offsets.npy") if index.is_file() else index / "offsets.npy")
+    if kind == "lucene" or (kind is None and index.is_dir()):
+        return Retriever(LuceneIndex(index), store, kind="lucene")
+    if encoder is None:
+        raise ValueError(f"{index} has no manifest: pass the encoder name (e.g. intfloat/e5-base-v2)")
+    return Retriever(DenseIndex.load(index, mmap=mmap, gpu=gpu), store, Encoder(spec_for(encoder), device=device))

@@ -1,0 +1,127 @@
+"""Shared fixtures: offline env, a tiny real Qwen2 policy, MiniLM, small indexes, a live server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+# Offline everywhere, before anything imports transformers / wandb.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "data"
+SHARED_TOKENIZER = ROOT.parent / "shared" / "data" / "qwen2.5_tokenizer"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def corpus_path() -> Path:
+    return DATA / "corpus.jsonl"
+
+
+@pytest.fixture(scope="session")
+def qa_path() -> Path:
+    return DATA / "qa.jsonl"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, corpus_path) -> Path:
+    """A 2-layer random Qwen2 + byte-level BPE trained on the bundled corpus (built once)."""
+    from train.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), corpus_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    from retrieval.encoder import Encoder
+
+    return Encoder.from_name("minilm", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory, corpus_path) -> Path:
+    """The first 300 passages of the bundled corpus (dense builds stay fast on 2 cores)."""
+    out = tmp_path_factory.mktemp("corpus") / "corpus300.jsonl"
+    with open(corpus_path, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as g:
+        for i, line in enumerate(f):
+            if i >= 300:
+                break
+            g.write(line)
+    return out
+
+
+@pytest.fixture(scope="session")
+def dense_index_dir(tmp_path_factory, small_corpus) -> Path:
+    from retrieval.build import build_dense
+
+    return build_dense(str(small_corpus), str(tmp_path_factory.mktemp("dense")), progress=False)
+
+
+@pytest.fixture(scope="session")
+def bm25_index_dir(tmp_path_factory, corpus_path) -> Path:
+    from retrieval.build import build_bm25
+
+    return build_bm25(str(corpus_path), str(tmp_path_factory.mktemp("bm25")), progress=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, app, port):
+        from waitress.server import create_server
+
+        self.app, self.port = app, port
+        self.url = f"http://127.0.0.1:{port}"
+        self._server = create_server(app, host="127.0.0.1", port=port, threads=32)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+
+    def close(self):
+        self._server.close()
+        self.app.batcher.close()
+
+
+@pytest.fixture(scope="session")
+def bm25_server(bm25_index_dir):
+    """A real waitress server over the BM25 index of the whole bundled corpus."""
+    from retrieval.index import load_retriever
+    from retrieval.server import ServerConfig, create_app
+
+    app = create_app(load_retriever(bm25_index_dir), ServerConfig(max_queries=64))
+    srv = LiveServer(app, free_port())
+    yield srv
+    srv.close()

@@ -1,0 +1,200 @@
+"""LLDS: Lazy Likelihood-Displacement Suppression (arXiv 2512.04220), pure torch.
+
+No verl import here: this is the math, tested on its own. :mod:`train.loss` adds it to verl's
+PPO/GRPO loss.
+
+Notation (all tensors ``[B, T]``, one row per response, T response positions):
+
+- ``d = old_log_prob - log_prob``: positive where the token's likelihood fell since rollout.
+- *preserved* token: ``response_mask == 1`` and ``advantages >= 0`` (correct and untrained
+  responses, the set Y_pre of the paper).
+- *action*: a maximal run of consecutive preserved tokens in a row (one generated turn, since
+  observation tokens have ``response_mask == 0``).
+
+The penalty on a preserved token that passes the gate is ``w * max(0, d)``, else 0, with
+``w = answer_weight`` on the final answer span (``answer_mask == 1``) and 1 elsewhere (LLDS-MA).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+GATES = ("action", "response", "token")
+
+
+def preserved_mask(response_mask: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """Bool ``[B, T]``: response tokens of responses with non-negative advantage."""
+    return (response_mask > 0) & (advantages >= 0)
+
+
+def action_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Number the maximal runs of True in each row of a bool ``[B, T]`` mask.
+
+    Returns a long ``[B, T]`` tensor: runs are numbered 1, 2, ... in row-major order (unique
+    across the batch); positions outside any run get 0.
+    """
+    mask = mask.bool()
+    prev = torch.zeros_like(mask)
+    prev[:, 1:] = mask[:, :-1]
+    starts = mask & ~prev
+    ids = torch.cumsum(starts.flatten().long(), 0).view_as(mask)
+    return torch.where(mask, ids, torch.zeros_like(ids))
+
+
+def _run_sums(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Sum of ``values`` over each run; index 0 collects the positions outside runs."""
+    n = int(ids.max().item()) + 1 if ids.numel() else 1
+    sums = torch.zeros(n, dtype=values.dtype, device=values.device)
+    return sums.index_add_(0, ids.flatten(), values.flatten())
+
+
+def llds_gate(
+    d: torch.Tensor, preserved: torch.Tensor, gate: str = "action"
+) -> torch.Tensor:
+    """Bool ``[B, T]``: preserved tokens whose gate is open. Computed without gradient."""
+    if gate not in GATES:
+        raise ValueError(f"LLDS gate must be one of {GATES}, got {gate!r}")
+    with torch.no_grad():
+        d = torch.where(preserved, d.detach(), torch.zeros_like(d))
+        if gate == "token":
+            return preserved.clone()
+        if gate == "response":
+            return preserved & (d.sum(dim=-1, keepdim=True) > 0)
+        ids = action_ids(preserved)
+        per_run = _run_sums(d, ids)
+        return preserved & (per_run[ids] > 0)
+
+
+def llds_token_penalty(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    gate: str = "action",
+    answer_mask: Optional[torch.Tensor] = None,
+    answer_weight: float = 1.0,
+) -> torch.Tensor:
+    """Per-token LLDS penalty ``[B, T]`` (differentiable in ``log_prob``).
+
+    ``gate``: ``"action"`` (LLDS-A, the paper's default) opens when the signed sum of d over the
+    token's action is > 0; ``"response"`` (LLDS-R) when the signed sum over the row's preserved
+    tokens is > 0; ``"token"`` always. Gate decisions carry no gradient. Non-finite inputs on one
+    row never make the penalty of another row non-finite.
+    """
+    shapes = {t.shape for t in (old_log_prob, log_prob, advantages, response_mask)}
+    if answer_mask is not None:
+        shapes.add(answer_mask.shape)
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise ValueError(f"LLDS inputs must all be [B, T] of one shape, got {sorted(map(tuple, shapes))}")
+    d = old_log_prob.detach() - log_prob
+    preserved = preserved_mask(response_mask, advantages)
+    open_ = llds_gate(d, preserved, gate)
+    weight = torch.ones_like(d)
+    if answer_mask is not None:
+        weight = torch.where(answer_mask > 0, torch.full_like(d, float(answer_weight)), weight)
+    penalty = weight * torch.clamp(d, min=0.0)
+    return torch.where(open_, penalty, torch.zeros_like(penalty))
+
+
+@torch.no_grad()
+def llds_stats(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    gate: str = "action",
+    answer_mask: Optional[torch.Tensor] = None,
+) -> dict[str, float]:
+    """Death-spiral diagnostics for one batch (sums and counts; see :func:`merge_stats`).
+
+    Keys: ``d_pos_sum``/``n_pos`` (d over preserved tokens), ``d_neg_sum``/``n_neg`` (d over
+    negative-advantage tokens), ``gated_actions``/``n_actions``, ``gated_responses``/
+    ``n_responses`` (preserved ones), and ``logp_pos_a{k}_sum``/``logp_pos_a{k}_n``: log-prob of
+    positive-advantage tokens at action position k (1, 2, ...) and ``answer`` for the answer span.
+    """
+    d = (old_log_prob - log_prob).float()
+    resp = response_mask > 0
+    preserved = preserved_mask(response_mask, advantages)
+    negative = resp & (advantages < 0)
+    open_ = llds_gate(d, preserved, gate)
+    ids = action_ids(preserved)
+    out: dict[str, float] = {
+        "d_pos_sum": float(torch.where(preserved, d, 0.0).nansum()),
+        "n_pos": float(preserved.sum()),
+        "d_neg_sum": float(torch.where(negative, d, 0.0).nansum()),
+        "n_neg": float(negative.sum()),
+    }
+    n_runs = int(ids.max()) if ids.numel() else 0
+    if n_runs:
+        gated_run = torch.zeros(n_runs + 1, dtype=torch.bool, device=d.device)
+        gated_run[ids[open_]] = True
+        out["gated_actions"] = float(gated_run[1:].sum())
+    else:
+        out["gated_actions"] = 0.0
+    out["n_actions"] = float(n_runs)
+    rows = preserved.any(dim=-1)
+    out["gated_responses"] = float((open_.any(dim=-1) & rows).sum())
+    out["n_responses"] = float(rows.sum())
+
+    positive = resp & (advantages > 0)
+    pos_ids = action_ids(positive)
+    # Action position within its row: 1 for the first run, 2 for the second...
+    first_id = torch.where(positive, pos_ids, torch.full_like(pos_ids, torch.iinfo(torch.long).max)).min(-1, keepdim=True).values
+    position = torch.where(positive, pos_ids - first_id + 1, torch.zeros_like(pos_ids))
+    lp = log_prob.float()
+    if answer_mask is not None:
+        ans = positive & (answer_mask > 0)
+        out["logp_pos_answer_sum"] = float(torch.where(ans, lp, 0.0).nansum())
+        out["logp_pos_answer_n"] = float(ans.sum())
+    for k in range(1, int(position.max()) + 1 if position.numel() else 1):
+        sel = position == k
+        out[f"logp_pos_a{k}_sum"] = float(torch.where(sel, lp, 0.0).nansum())
+        out[f"logp_pos_a{k}_n"] = float(sel.sum())
+    return out
+
+
+def merge_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """Add up :func:`llds_stats` dicts (e.g. over micro-batches), then turn them into means."""
+    total: dict[str, float] = {}
+    for s in stats:
+        for k, v in s.items():
+            total[k] = total.get(k, 0.0) + v
+
+    def ratio(num: str, den: str) -> float:
+        return total.get(num, 0.0) / total[den] if total.get(den) else 0.0
+
+    out = {
+        "llds/d_mean_preserved": ratio("d_pos_sum", "n_pos"),
+        "llds/d_mean_negative": ratio("d_neg_sum", "n_neg"),
+        "llds/gated_action_frac": ratio("gated_actions", "n_actions"),
+        "llds/gated_response_frac": ratio("gated_responses", "n_responses"),
+    }
+    for k in total:
+        if k.startswith("logp_pos_") and k.endswith("_sum"):
+            name = k[len("logp_pos_"): -len("_sum")]
+            out[f"llds/logp_pos_{name}"] = ratio(k, f"logp_pos_{name}_n")
+    return out
+
+
+def adaptive_answer_weight(mean_valid_searches: float, rule: str = "paper", baseline: float = 2.0,
+                           lam: float = 0.2, answer_lambda: float = 0.2) -> float:
+    """LLDS-MA answer weight beta from the batch mean number of valid searches V.
+
+    - ``"paper"``: beta = min(V / V_B, 1) with V_B = ``baseline`` (2), as the paper states.
+    - ``"released"``: the released code's rule: the answer coefficient is
+      ``min(answer_lambda * max(V - 1, 0), lam)``, i.e. beta = that / lam.
+    """
+    v = max(float(mean_valid_searches), 0.0)
+    if rule == "paper":
+        if baseline <= 0:
+            raise ValueError("adaptive answer weight: baseline V_B must be > 0")
+        return min(v / baseline, 1.0)
+    if rule == "released":
+        if lam <= 0:
+            raise ValueError("adaptive answer weight: lambda must be > 0")
+        return min(answer_lambda * max(v - 1.0, 0.0), lam) / lam
+    raise ValueError(f"adaptive answer weight rule must be 'paper' or 'released', got {rule!r}")

@@ -1,0 +1,107 @@
+"""A tiny, real, offline policy: a 2-layer Qwen2 with a byte-level BPE trained on a corpus.
+
+Used by the tests and the CPU demo (no hub download anywhere). ``python -m train.tiny OUT_DIR``
+writes a ``save_pretrained`` directory (model + tokenizer with a Qwen-style chat template).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _corpus_texts(corpus: Path, limit: int) -> Iterator[str]:
+    from train import protocol
+
+    # The protocol text (prompt, tags, messages) so the tokenizer covers it well.
+    yield protocol.PROMPT_TEMPLATE + protocol.INVALID_ACTION_MESSAGE
+    yield "<think> </think> <search> </search> <information> </information> <answer> </answer>"
+    with open(corpus, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if i >= limit:
+                break
+            yield json.loads(line)["contents"]
+
+
+def build_tokenizer(corpus: Path, vocab_size: int = 1024, limit: int = 2000):
+    """Byte-level BPE trained on the first ``limit`` passages of ``corpus``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus_texts(corpus, limit), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(out_dir: str | os.PathLike, corpus: str | os.PathLike, *, seed: int = 0,
+                     hidden_size: int = 64, layers: int = 2, heads: int = 2, vocab_size: int = 1024) -> Path:
+    """Write a tiny random Qwen2ForCausalLM plus its tokenizer to ``out_dir`` and return it."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(Path(corpus), vocab_size=vocab_size)
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("out_dir")
+    ap.add_argument("--corpus", default=str(Path(__file__).resolve().parent.parent / "data" / "corpus.jsonl"))
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if not Path(args.corpus).is_file():
+        raise SystemExit(f"corpus not found: {args.corpus}")
+    print(build_tiny_model(args.out_dir, args.corpus, seed=args.seed))
+
+
+if __name__ == "__main__":
+    main()
