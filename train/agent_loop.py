@@ -1,0 +1,292 @@
+"""The Search-R1 agent loop for verl 0.9.1, registered as ``search_r1``.
+
+Per trajectory: generate (token ids in, token ids out) until the first ``</search>`` or
+``</answer>``; on a search, call the retrieval server and append the observation tokens with
+``response_mask`` 0; repeat up to ``max_turns`` searches, then one last generation. The text
+protocol comes from :mod:`train.protocol`; nothing here knows the tag strings.
+
+Stopping: the request asks the server for stop strings (vLLM/SGLang honour ``stop`` with
+``include_stop_str_in_output``), and every returned turn is also cut on our side right after the
+token that completes the first stop tag (a backend that ignores stop strings still never puts
+tokens past the tag into the trajectory).
+
+Configuration: the top-level ``search_r1:`` block of the trainer config (see
+``configs/search_r1.yaml``); :class:`SearchConfig` validates it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+from uuid import uuid4
+
+import numpy as np
+import torch
+
+from retrieval.client import RetrievalClient, RetrieverUnavailable, contents_of
+from train import protocol
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopManager, AgentLoopOutput, register
+from verl.utils.ray_utils import auto_await
+
+log = logging.getLogger(__name__)
+
+AGENT_NAME = "search_r1"
+EVAL_SPLITS = ("test", "val", "validation", "dev")
+
+
+@dataclass
+class SearchConfig:
+    retriever_url: str = "http://127.0.0.1:8000/retrieve"
+    topk: int = 3
+    max_turns: int = 3  # searches in training (then one last generation)
+    val_max_turns: int = 4  # for rows whose extra_info.split is test/val/dev
+    max_turn_tokens: int = 500  # new tokens per generation
+    max_obs_tokens: int = 500  # tokens per observation (whole passages dropped to fit)
+    timeout: float = 30.0
+    retries: int = 5
+    backoff: float = 0.5
+    strict: bool = False  # raise when the retriever stays down, instead of a "search failed" observation
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "SearchConfig":
+        d = dict(cfg or {})
+        retriever = d.pop("retriever", None) or {}
+        d.setdefault("retriever_url", retriever.get("url", cls.retriever_url))
+        if "topk" in retriever:
+            d.setdefault("topk", retriever["topk"])
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown search_r1 config keys: {sorted(unknown)} (known: {sorted(known)})")
+        out = cls(**d)
+        for name in ("topk", "max_turn_tokens", "max_obs_tokens"):
+            if int(getattr(out, name)) < 1:
+                raise ValueError(f"search_r1.{name} must be >= 1, got {getattr(out, name)}")
+        for name in ("max_turns", "val_max_turns", "retries"):
+            if int(getattr(out, name)) < 0:
+                raise ValueError(f"search_r1.{name} must be >= 0, got {getattr(out, name)}")
+        return out
+
+
+# One pooled client per (url, event loop): agent loops are built per trajectory.
+_clients: dict[tuple, RetrievalClient] = {}
+
+
+def _client_for(cfg: SearchConfig) -> RetrievalClient:
+    key = (cfg.retriever_url, cfg.timeout, cfg.retries, id(asyncio.get_running_loop()))
+    if key not in _clients:
+        _clients[key] = RetrievalClient(cfg.retriever_url, topk=cfg.topk, timeout=cfg.timeout, retries=cfg.retries,
+                                        backoff=cfg.backoff)
+    return _clients[key]
+
+
+def cut_after_stop(tokenizer, ids: list[int]) -> list[int]:
+    """The shortest prefix of ``ids`` whose text contains a complete stop tag (all of ``ids`` when
+    none does). Prefix containment is monotone, so bisection needs O(log n) decodes."""
+    if not ids or protocol.find_stop(tokenizer.decode(ids)) is None:
+        return ids
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if protocol.find_stop(tokenizer.decode(ids[:mid])) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return ids[:lo]
+
+
+def answer_token_span(tokenizer, ids: list[int]) -> int:
+    """Number of trailing tokens of an answer turn that cover its last ``<answer>...</answer>``."""
+    for j in range(len(ids) - 1, -1, -1):
+        if protocol.ANSWER_OPEN in tokenizer.decode(ids[j:]):
+            return len(ids) - j
+    return 0
+
+
+@register(AGENT_NAME)
+class SearchR1AgentLoop(AgentLoopBase):
+    """verl agent loop speaking the Search-R1 protocol."""
+
+    def __init__(self, *args, search_client=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.search = SearchConfig.from_config(self.config.get("search_r1"))
+        self.response_length = int(self.rollout_config.response_length)
+        self._client = search_client
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = _client_for(self.search)
+        return self._client
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def _observe(self, query: str) -> tuple[str, bool]:
+        """Observation text for a search, and whether the search failed."""
+        try:
+            result = await self.client.aretrieve([query], topk=self.search.topk)
+        except RetrieverUnavailable:
+            if self.search.strict:
+                raise
+            log.warning("retriever unavailable; search %r answered with a failure observation", query)
+            return protocol.format_search_failure(), True
+        return protocol.format_observation(contents_of(result[0]), max_tokens=self.search.max_obs_tokens,
+                                           count_tokens=lambda s: len(self._encode(s))), False
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
+        extra_info = kwargs.get("extra_info") or {}
+        is_eval = isinstance(extra_info, dict) and extra_info.get("split") in EVAL_SPLITS
+        max_turns = self.search.val_max_turns if is_eval else self.search.max_turns
+        prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
+        prompt_ids = self._cap_text_prompt_length(prompt_ids)
+
+        request_id = uuid4().hex
+        eos = {self.tokenizer.eos_token_id} | set(getattr(self.tokenizer, "additional_eos_ids", []) or [])
+        response_ids: list[int] = []
+        response_mask: list[int] = []
+        logprobs: list[float] = []
+        have_logprobs = bool(sampling_params.get("logprobs"))
+        answer_len = 0
+        n_search = n_executed = n_invalid = n_answer = n_turns = 0
+        search_failed = False
+        stop_reason = "max_turns"
+        for turn in range(max_turns + 1):
+            budget = self.response_length - len(response_ids)
+            if budget <= 0:
+                stop_reason = "length"
+                break
+            params = dict(sampling_params)
+            params.update(max_tokens=min(self.search.max_turn_tokens, budget), stop=list(protocol.STOP_STRINGS),
+                          include_stop_str_in_output=True)
+            out = await self.server_manager.generate(request_id=request_id, prompt_ids=prompt_ids + response_ids,
+                                                     sampling_params=params)
+            ids = cut_after_stop(self.tokenizer, list(out.token_ids))[:budget]
+            n_turns += 1
+            response_ids += ids
+            response_mask += [1] * len(ids)
+            if have_logprobs:
+                lp = list(out.log_probs or [])[: len(ids)]
+                logprobs += lp + [0.0] * (len(ids) - len(lp))
+            action = protocol.parse_turn(self.tokenizer.decode(ids))
+            if action.kind == "answer":
+                n_answer += 1
+                answer_len = answer_token_span(self.tokenizer, ids)
+                stop_reason = "answer"
+                break
+            if action.kind == "search":
+                n_search += 1
+            else:
+                n_invalid += 1
+            if ids and ids[-1] in eos and action.kind != "search":
+                stop_reason = "eos"
+                break
+            if turn == max_turns:
+                stop_reason = "max_turns"  # a search in the last generation is counted, not run
+                break
+            if len(response_ids) >= self.response_length:
+                stop_reason = "length"
+                break
+            if action.kind == "search":
+                obs, failed = await self._observe(action.content)
+                search_failed |= failed
+                n_executed += int(not failed)
+            else:
+                obs = protocol.INVALID_ACTION_MESSAGE
+            obs_ids = self._encode(obs)
+            room = self.response_length - len(response_ids)
+            response_ids += obs_ids[:room]
+            response_mask += [0] * min(len(obs_ids), room)
+            if have_logprobs:
+                logprobs += [0.0] * min(len(obs_ids), room)
+            if len(obs_ids) >= room:
+                stop_reason = "length"
+                break
+
+        answer_mask = [0] * len(response_ids)
+        if answer_len:
+            answer_mask[len(response_ids) - answer_len:] = [1] * answer_len
+        extra = {
+            "answer_mask": answer_mask,
+            "num_searches": n_search,
+            "num_valid_searches": n_executed,  # searches run and answered by the retriever
+            "num_valid_actions": n_search + n_answer,
+            "num_invalid_actions": n_invalid,
+            "num_gen_turns": n_turns,
+            "stop_reason": stop_reason,
+            "search_failed": search_failed,
+        }
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            response_mask=response_mask,
+            response_logprobs=logprobs if have_logprobs else None,
+            num_turns=2 * n_turns,
+            metrics={},
+            extra_fields=extra,
+        )
+
+
+def add_search_tensors(output) -> Any:
+    """Pad the per-trajectory ``answer_mask`` lists into an ``[B, R]`` tensor (like ``responses``)
+    and add ``batch_valid_searches`` ``[B]`` (the batch mean, for the adaptive LLDS-MA weight)."""
+    nt = output.non_tensor_batch
+    if "answer_mask" not in nt:
+        return output
+    B, R = output.batch["responses"].shape
+    mask = torch.zeros(B, R, dtype=torch.int64)
+    for i, m in enumerate(nt.pop("answer_mask")):
+        m = list(m or [])[:R]
+        mask[i, : len(m)] = torch.tensor(m, dtype=torch.int64)
+    output.batch["answer_mask"] = mask * output.batch["response_mask"].to(torch.int64)
+    valid = np.asarray([float(v or 0) for v in nt.get("num_valid_searches", [0] * B)], dtype=np.float32)
+    output.batch["batch_valid_searches"] = torch.full((B,), float(valid.mean()) if B else 0.0)
+    return output
+
+
+class SearchR1AgentLoopManager(AgentLoopManager):
+    """verl's manager plus :func:`add_search_tensors`. Select it with
+    ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=train.agent_loop.SearchR1AgentLoopManager``."""
+
+    @auto_await
+    async def generate_sequences(self, prompts):
+        out = super().generate_sequences(prompts)
+        if asyncio.iscoroutine(out) or isinstance(out, asyncio.Future):
+            out = await out
+        return add_search_tensors(out)
+
+
+def config_dict(cfg: SearchConfig) -> dict:
+    return asdict(cfg)
+
+
+def standalone_loop(tokenizer, server_manager, *, search: Optional[dict] = None, response_length: int = 4096,
+                    prompt_length: int = 4096, search_client=None) -> SearchR1AgentLoop:
+    """The same agent loop outside a verl worker (``infer.py``, the evaluator, tests).
+    Call from inside a running event loop (verl's base class captures it)."""
+    from omegaconf import OmegaConf
+
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    cfg = OmegaConf.create({
+        "actor_rollout_ref": {"rollout": {"response_length": response_length, "prompt_length": prompt_length}},
+        "data": {},
+        "search_r1": dict(search or {}),
+    })
+    return SearchR1AgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=server_manager, tokenizer=tokenizer,
+                             processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
+                             search_client=search_client)
+
+
+def segments(tokenizer, output: AgentLoopOutput) -> list[tuple[str, str]]:
+    """The response as (kind, text) runs: "model" (mask 1) and "observation" (mask 0)."""
+    out, start = [], 0
+    ids, mask = output.response_ids, output.response_mask
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or mask[i] != mask[start]:
+            out.append(("model" if mask[start] else "observation", tokenizer.decode(ids[start:i])))
+            start = i
+    return out
