@@ -1,0 +1,55 @@
+"""Every preset composes over verl's ppo_trainer and passes verl's own config validation."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from train.main import CONFIG_DIR, check_config
+
+PRESETS = ["grpo", "grpo_llds", "grpo_llds_r", "grpo_llds_ma", "ppo"]
+
+
+MODEL = {}
+
+
+@pytest.fixture(autouse=True)
+def _offline_model(tiny_model_dir):
+    MODEL["path"] = str(tiny_model_dir)  # verl's validation loads the tokenizer: no hub download
+
+
+def load(name, overrides=()):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name=name, overrides=[f"actor_rollout_ref.model.path={MODEL['path']}", *overrides])
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_composes_and_validates(name):
+    cfg = load(name)
+    check_config(cfg)
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "search_r1"
+    assert cfg.reward.custom_reward_function.path == "pkg://train.reward"
+    assert cfg.search_r1.topk == 3 and cfg.search_r1.max_turns == 3 and cfg.search_r1.val_max_turns == 4
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6 and cfg.trainer.total_training_steps == 1005
+    assert cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 8
+
+
+def test_preset_values():
+    assert load("grpo").llds.enable is False
+    c = load("grpo_llds")
+    assert (c.llds.enable, c.llds["lambda"], c.llds.gate) == (True, 0.2, "action")
+    assert load("grpo_llds_r").llds.gate == "response"
+    assert load("grpo_llds_ma").llds.answer_weight == "adaptive"
+    p = load("ppo")
+    assert p.algorithm.adv_estimator == "gae" and p.actor_rollout_ref.rollout.n == 1
+
+
+def test_bad_values_are_named():
+    with pytest.raises(ValueError, match="llds.gate"):
+        check_config(load("grpo_llds", ["llds.gate=chunk"]))
+    with pytest.raises(ValueError, match=">= 2 optimizer updates"):
+        check_config(load("grpo_llds", ["actor_rollout_ref.actor.ppo_mini_batch_size=512"]))
+    with pytest.raises(ValueError, match="unknown search_r1"):
+        check_config(load("grpo", ["+search_r1.top_k=3"]))
+    with pytest.raises(ValueError, match="use_v1"):
+        check_config(load("grpo", ["trainer.use_v1=true"]))
