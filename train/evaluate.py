@@ -1,0 +1,172 @@
+"""The 7-benchmark evaluation: greedy multi-turn inference over a test parquet, EM/F1 per source.
+
+    python -m train.evaluate --model CKPT --data data/processed/test.parquet [--backend vllm]
+        [--sources nq,hotpotqa] [--limit N] [--out runs/eval/CKPT.jsonl] [--paper-row "3B-Ins GRPO+LLDS"]
+
+Per-sample results go to a jsonl (resumable: rows already there are skipped); the table prints EM
+(and F1) per data_source and the macro average, beside the paper's numbers when a row is given
+(``data/paper_results.json``, with its source).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional
+
+PAPER_RESULTS = Path(__file__).resolve().parent.parent / "data" / "paper_results.json"
+ORDER = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
+
+
+def load_rows(path: str, sources: Optional[list[str]], limit: Optional[int]) -> list[dict]:
+    import pandas as pd
+
+    if not Path(path).is_file():
+        raise SystemExit(f"error: --data not found: {path}")
+    df = pd.read_parquet(path)
+    missing = {"data_source", "prompt", "reward_model", "extra_info"} - set(df.columns)
+    if missing:
+        raise SystemExit(f"error: {path} lacks columns {sorted(missing)} (make it with `python -m train.data_prep`)")
+    rows = []
+    per_source: dict[str, int] = defaultdict(int)
+    for i, r in enumerate(df.itertuples(index=False)):
+        if sources and r.data_source not in sources:
+            continue
+        if limit is not None and per_source[r.data_source] >= limit:
+            continue
+        per_source[r.data_source] += 1
+        info = dict(r.extra_info)
+        question = info.get("question") or _question_from_prompt(r.prompt)
+        rows.append({"uid": str(info.get("uid", f"{r.data_source}-{i}")), "data_source": r.data_source,
+                     "question": question, "golds": list(r.reward_model["ground_truth"]["target"])})
+    return rows
+
+
+def _question_from_prompt(prompt) -> str:
+    text = list(prompt)[-1]["content"]
+    return text.rsplit("Question:", 1)[-1].strip()
+
+
+def read_done(path: Path) -> dict[str, dict]:
+    done = {}
+    if path.is_file():
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    d = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by an interruption is redone
+                done[d["uid"]] = d
+    return done
+
+
+def table(results: list[dict], paper: Optional[dict] = None) -> str:
+    by = defaultdict(list)
+    for d in results:
+        by[d["data_source"]].append(d)
+    sources = [s for s in ORDER if s in by] + sorted(s for s in by if s not in ORDER)
+    lines = [f"{'source':<18}{'n':>7}{'EM':>8}{'F1':>8}" + (f"{'paper EM':>10}" if paper else "")]
+    ems = []
+    for s in sources:
+        em = sum(d["em"] for d in by[s]) / len(by[s])
+        f1 = sum(d["f1"] for d in by[s]) / len(by[s])
+        ems.append(em)
+        ref = f"{paper[s]:>10.3f}" if paper and s in paper else (f"{'':>10}" if paper else "")
+        lines.append(f"{s:<18}{len(by[s]):>7}{em:>8.3f}{f1:>8.3f}{ref}")
+    if ems:
+        avg_ref = f"{paper['avg']:>10.3f}" if paper and "avg" in paper else ""
+        lines.append(f"{'average (macro)':<18}{len(results):>7}{sum(ems) / len(ems):>8.3f}{'':>8}{avg_ref}")
+    return "\n".join(lines)
+
+
+def paper_row(name: Optional[str]) -> Optional[dict]:
+    if not name:
+        return None
+    rows = json.loads(PAPER_RESULTS.read_text())["rows"]
+    if name not in rows:
+        raise SystemExit(f"error: --paper-row {name!r} unknown; choose from: {', '.join(rows)}")
+    return rows[name]
+
+
+async def evaluate(rows: list[dict], asker, out_path: Path) -> list[dict]:
+    from tqdm import tqdm
+
+    from train.reward import compute_score
+
+    done = read_done(out_path)
+    todo = [r for r in rows if r["uid"] not in done]
+    if done:
+        print(f"resuming: {len(rows) - len(todo)} of {len(rows)} rows already in {out_path}")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if done:  # rewrite without a line an interruption cut short, so appends start on a clean line
+        tmp = out_path.with_name(out_path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in done.values()), encoding="utf-8")
+        os.replace(tmp, out_path)
+    bar = tqdm(total=len(todo), desc="evaluating", file=sys.stderr)
+    with open(out_path, "a", encoding="utf-8") as f:
+        async def one(row):
+            res = await asker.ask(row["question"])
+            s = compute_score(row["data_source"], res.response, row["golds"])
+            d = {"uid": row["uid"], "data_source": row["data_source"], "question": row["question"],
+                 "golds": row["golds"], "answer": res.answer, "em": s["em"], "f1": s["f1"],
+                 "searches": res.searches, "stop_reason": res.stop_reason, "trajectory": res.response}
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+            f.flush()
+            bar.update(1)
+            done[row["uid"]] = d
+
+        await asyncio.gather(*(one(r) for r in todo))
+    bar.close()
+    return [done[r["uid"]] for r in rows if r["uid"] in done]
+
+
+def main(argv=None, generator=None) -> int:
+    from train.inference import Asker, InferenceError, load_tokenizer_and_check, make_generator, make_search_client
+
+    ap = argparse.ArgumentParser(prog="python -m train.evaluate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--data", required=True, help="test parquet (train.data_prep)")
+    ap.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    ap.add_argument("--sources", default=None, help="comma-separated data_source names")
+    ap.add_argument("--limit", type=int, default=None, help="at most N rows per source")
+    ap.add_argument("--out", default=None, help="per-sample jsonl (default runs/eval/<model>.jsonl)")
+    ap.add_argument("--retriever-url", default="http://127.0.0.1:8000")
+    ap.add_argument("--index", default=None)
+    ap.add_argument("--corpus", default=None)
+    ap.add_argument("--max-turns", type=int, default=4)
+    ap.add_argument("--topk", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=500)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--paper-row", default=None, help="print the paper's numbers for this row beside ours")
+    args = ap.parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        ap.error("--limit must be >= 1")
+    paper = paper_row(args.paper_row)
+    rows = load_rows(args.data, args.sources.split(",") if args.sources else None, args.limit)
+    if not rows:
+        print("error: no rows selected", file=sys.stderr)
+        return 2
+    out = Path(args.out or Path("runs/eval") / (Path(args.model.rstrip("/")).name + ".jsonl"))
+    try:
+        tokenizer = getattr(generator, "tokenizer", None) or load_tokenizer_and_check(args.model)
+        client = make_search_client(args.retriever_url, args.corpus, args.index, topk=args.topk)
+        gen = generator or make_generator(args.model, args.backend, args.device)
+        asker = Asker(gen, tokenizer, client, max_turns=args.max_turns, topk=args.topk, temperature=0.0,
+                      max_new_tokens=args.max_new_tokens)
+        results = asyncio.run(evaluate(rows, asker, out))
+    except InferenceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(table(results, paper))
+    print(f"per-sample results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

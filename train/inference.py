@@ -1,0 +1,152 @@
+"""Multi-turn Search-R1 inference outside training, shared by ``infer.py`` and the evaluator.
+
+It runs the very agent loop used in training (:class:`train.agent_loop.SearchR1AgentLoop`) with
+a generator backend (transformers ``generate``, or vLLM's async engine when installed) and a
+search client (HTTP retrieval server, or an in-process index).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from train import protocol
+
+#: The released LLDS checkpoint used when --model is not given (SEGAgentRL on the Hugging Face hub:
+#: Qwen2.5-3B-Instruct trained with GSPO + LLDS-A, the best 3B row of the paper, avg EM .451).
+DEFAULT_MODEL = "SEGAgentRL/LLDS-A-GSPO-Qwen2.5-3B-Ins"
+
+
+class InferenceError(RuntimeError):
+    """A user-facing problem (bad model path, retriever down...), printed without a traceback."""
+
+
+def looks_local(path: str) -> bool:
+    return path.startswith(("/", "./", "../", "~")) or os.path.exists(path) or path.count("/") != 1
+
+
+def load_tokenizer_and_check(model: str):
+    from transformers import AutoTokenizer
+
+    if looks_local(model) and not Path(os.path.expanduser(model)).is_dir():
+        raise InferenceError(f"model path not found: {model}")
+    try:
+        return AutoTokenizer.from_pretrained(os.path.expanduser(model))
+    except OSError as e:
+        raise InferenceError(f"cannot load model {model!r}: {e}".split("\n")[0]) from None
+
+
+class VLLMServerManager:
+    """vLLM's async engine behind the server-manager interface (batched across concurrent calls)."""
+
+    def __init__(self, model: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85, seed: int = 0):
+        try:
+            from vllm import AsyncEngineArgs, AsyncLLMEngine
+        except ImportError as e:
+            raise InferenceError("--backend vllm needs vLLM (pip install -e .[gpu])") from e
+        self.engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(
+            model=model, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed))
+        self._n = 0
+
+    async def generate(self, request_id=None, *, prompt_ids, sampling_params, **kwargs):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from verl.workers.rollout.replica import TokenOutput
+
+        sp = dict(sampling_params)
+        logprobs = sp.pop("logprobs", None)
+        sp["logprobs"] = 0 if logprobs else None
+        self._n += 1
+        final = None
+        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), SamplingParams(**sp),
+                                              request_id=f"{request_id}-{self._n}"):
+            final = out
+        comp = final.outputs[0]
+        lps = [next(iter(d.values())).logprob for d in comp.logprobs] if logprobs and comp.logprobs else None
+        return TokenOutput(token_ids=list(comp.token_ids), log_probs=lps, stop_reason="completed")
+
+
+def make_generator(model: str, backend: str = "hf", device: Optional[str] = None, seed: int = 0):
+    if backend == "hf":
+        from train.hf_rollout import HFServerManager
+
+        load_tokenizer_and_check(model)
+        return HFServerManager.from_pretrained(os.path.expanduser(model), device=device, seed=seed)
+    if backend == "vllm":
+        return VLLMServerManager(model, seed=seed)
+    raise InferenceError(f"--backend must be hf or vllm, got {backend!r}")
+
+
+def make_search_client(retriever_url: Optional[str] = None, corpus: Optional[str] = None,
+                       index: Optional[str] = None, topk: int = 3, check: bool = True):
+    """An HTTP client (checked for reachability) or an in-process retriever."""
+    from retrieval.client import LocalRetrievalClient, RetrievalClient
+
+    if index:
+        from retrieval.index import load_retriever
+
+        try:
+            return LocalRetrievalClient(load_retriever(index, corpus), topk=topk)
+        except (FileNotFoundError, ValueError) as e:
+            raise InferenceError(f"cannot load the index: {e}") from None
+    url = retriever_url or "http://127.0.0.1:8000"
+    client = RetrievalClient(url, topk=topk, retries=2, backoff=0.2)
+    if check:
+        try:
+            client.health()
+        except Exception:
+            raise InferenceError(
+                f"the retrieval server at {url} is not reachable. Start it with `bash retrieval_launch.sh` "
+                "(or pass --index DIR for an in-process retriever).") from None
+    return client
+
+
+@dataclass
+class Result:
+    question: str
+    answer: Optional[str]
+    segments: list  # (kind, text)
+    searches: int
+    stop_reason: str
+    response: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"question": self.question, "answer": self.answer, "searches": self.searches,
+                "stop_reason": self.stop_reason, "trajectory": self.response}
+
+
+class Asker:
+    """Ask questions with one generator and one search client (async; many at once)."""
+
+    def __init__(self, generator, tokenizer, search_client, *, max_turns: int = 4, topk: int = 3,
+                 temperature: float = 0.0, max_new_tokens: int = 500, max_obs_tokens: int = 500,
+                 response_length: int = 8192, concurrency: int = 32):
+        if max_turns < 0:
+            raise InferenceError("--max-turns must be >= 0")
+        if max_new_tokens < 1:
+            raise InferenceError("--max-new-tokens must be >= 1")
+        if temperature < 0:
+            raise InferenceError("--temperature must be >= 0")
+        self.generator, self.tokenizer, self.client = generator, tokenizer, search_client
+        self.search = {"max_turns": max_turns, "val_max_turns": max_turns, "topk": topk,
+                       "max_turn_tokens": max_new_tokens, "max_obs_tokens": max_obs_tokens}
+        self.temperature, self.response_length = temperature, response_length
+        self._sem = asyncio.Semaphore(concurrency)
+
+    async def ask(self, question: str) -> Result:
+        from train.agent_loop import segments, standalone_loop
+
+        messages = protocol.make_messages(question)  # raises on an empty question
+        loop = standalone_loop(self.tokenizer, self.generator, search=self.search, search_client=self.client,
+                               response_length=self.response_length)
+        params = {"temperature": self.temperature, "top_p": 1.0}
+        async with self._sem:
+            out = await loop.run(params, raw_prompt=messages)
+        response = self.tokenizer.decode(out.response_ids)
+        return Result(question=question, answer=protocol.extract_answer(response),
+                      segments=segments(self.tokenizer, out), searches=out.extra_fields["num_searches"],
+                      stop_reason=out.extra_fields["stop_reason"], response=response)
