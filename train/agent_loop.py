@@ -263,7 +263,8 @@ def config_dict(cfg: SearchConfig) -> dict:
 
 
 def standalone_loop(tokenizer, server_manager, *, search: Optional[dict] = None, response_length: int = 4096,
-                    prompt_length: int = 4096, search_client=None) -> SearchR1AgentLoop:
+                    prompt_length: int = 4096, search_client=None,
+                    hf_model_type: Optional[str] = None) -> SearchR1AgentLoop:
     """The same agent loop outside a verl worker (``infer.py``, the evaluator, tests).
     Call from inside a running event loop (verl's base class captures it)."""
     from omegaconf import OmegaConf
@@ -278,7 +279,7 @@ def standalone_loop(tokenizer, server_manager, *, search: Optional[dict] = None,
     })
     return SearchR1AgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=server_manager, tokenizer=tokenizer,
                              processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
-                             search_client=search_client)
+                             search_client=search_client, hf_model_type=hf_model_type)
 
 
 def segments(tokenizer, output: AgentLoopOutput) -> list[tuple[str, str]]:

@@ -141,8 +141,9 @@ class Asker:
         from train.agent_loop import segments, standalone_loop
 
         messages = protocol.make_messages(question)  # raises on an empty question
+        model_type = getattr(getattr(getattr(self.generator, "model", None), "config", None), "model_type", None)
         loop = standalone_loop(self.tokenizer, self.generator, search=self.search, search_client=self.client,
-                               response_length=self.response_length)
+                               response_length=self.response_length, hf_model_type=model_type)
         params = {"temperature": self.temperature, "top_p": 1.0}
         async with self._sem:
             out = await loop.run(params, raw_prompt=messages)

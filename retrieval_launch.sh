@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Start the retrieval server. With no arguments: builds (if missing) a MiniLM dense index over the
+# bundled corpus (data/corpus.jsonl) and serves it on 127.0.0.1:8000.
+#
+#   bash retrieval_launch.sh                      # bundled corpus, dense MiniLM, CPU
+#   RETRIEVER=bm25 bash retrieval_launch.sh       # bundled corpus, BM25 (bm25s)
+#   RETRIEVER=e5 WIKI18=/data/wiki18 bash retrieval_launch.sh     # Search-R1's e5_Flat.index on all GPUs
+#   RETRIEVER=e5-hnsw WIKI18=/data/wiki18 bash retrieval_launch.sh # HNSW64 index (CPU)
+#   RETRIEVER=lucene WIKI18=/data/wiki18 bash retrieval_launch.sh  # prebuilt wiki-18 BM25 (the lucene extra)
+#   HOST=0.0.0.0 PORT=8000 bash retrieval_launch.sh -- --max-batch 512   # multi-node: bind all interfaces
+# Extra arguments after the variables are passed to `python -m retrieval.server`.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+RETRIEVER=${RETRIEVER:-minilm}
+HOST=${HOST:-127.0.0.1}
+PORT=${PORT:-8000}
+CORPUS=${CORPUS:-data/corpus.jsonl}
+INDEX_ROOT=${INDEX_ROOT:-runs/index}
+WIKI18=${WIKI18:-data/wiki18}
+[ "${1:-}" = "--" ] && shift
+
+case "$RETRIEVER" in
+  minilm|bm25)
+    KIND=dense; [ "$RETRIEVER" = bm25 ] && KIND=bm25
+    INDEX="$INDEX_ROOT/$RETRIEVER"
+    if [ ! -f "$INDEX/manifest.json" ]; then
+      echo "building the $RETRIEVER index over $CORPUS into $INDEX ..."
+      "$PY" -m retrieval.build --corpus "$CORPUS" --out "$INDEX" --kind "$KIND"
+    fi
+    exec "$PY" -m retrieval.server --index "$INDEX" --host "$HOST" --port "$PORT" "$@" ;;
+  e5)
+    exec "$PY" -m retrieval.server --index "$WIKI18/e5_Flat.index" --corpus "$WIKI18/wiki-18.jsonl" \
+      --encoder intfloat/e5-base-v2 --gpu --host "$HOST" --port "$PORT" "$@" ;;
+  e5-hnsw)
+    exec "$PY" -m retrieval.server --index "$WIKI18/e5_HNSW64.index" --corpus "$WIKI18/wiki-18.jsonl" \
+      --encoder intfloat/e5-base-v2 --host "$HOST" --port "$PORT" "$@" ;;
+  lucene)
+    exec "$PY" -m retrieval.server --kind lucene --index "$WIKI18/bm25" --corpus "$WIKI18/wiki-18.jsonl" \
+      --host "$HOST" --port "$PORT" "$@" ;;
+  *) echo "unknown RETRIEVER=$RETRIEVER (minilm | bm25 | e5 | e5-hnsw | lucene)" >&2; exit 2 ;;
+esac

@@ -1,0 +1,28 @@
+# Shared by the train_*.sh launchers: environment defaults and the retriever preflight.
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+MODEL=${MODEL:-Qwen/Qwen2.5-3B}
+DATA_DIR=${DATA_DIR:-data/processed}
+N_GPUS=${N_GPUS:-8}
+NNODES=${NNODES:-1}
+RETRIEVER_URL=${RETRIEVER_URL:-http://127.0.0.1:8000/retrieve}
+export WANDB_MODE=${WANDB_MODE:-online}
+
+check_retriever() {  # fail early, with the fix, when the retriever is not up
+  local base=${RETRIEVER_URL%/retrieve}
+  if ! "$PY" -c "import httpx,sys; r=httpx.get('$base/health', timeout=10); sys.exit(r.status_code != 200)" 2>/dev/null; then
+    echo "error: no retrieval server answers at $base/health." >&2
+    echo "  start one first: bash retrieval_launch.sh   (wiki-18 e5 on GPUs: RETRIEVER=e5 bash retrieval_launch.sh)" >&2
+    exit 1
+  fi
+}
+
+run_preset() {  # preset, extra hydra overrides...
+  local preset=$1; shift
+  check_retriever
+  exec "$PY" -m train.main --config-name "$preset" \
+    actor_rollout_ref.model.path="$MODEL" \
+    data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/test.parquet" \
+    trainer.n_gpus_per_node="$N_GPUS" trainer.nnodes="$NNODES" \
+    search_r1.retriever_url="$RETRIEVER_URL" "$@"
+}
