@@ -9,7 +9,8 @@
 
 One thread owns the index. Concurrent requests put their queries on a queue; the batching
 thread takes up to ``max_batch`` queries (waiting at most ``max_wait_ms`` for more after the
-first arrives), runs one encoder call and one index search, and hands each request its rows.
+first arrives), runs one encoder call and one index search, and hands each request its rows. By default it never
+waits: whatever queued while the previous batch ran forms the next batch.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ class ServerConfig:
     max_query_chars: int = 4096
     max_body_bytes: int = 4 << 20
     max_batch: int = 256
-    max_wait_ms: float = 5.0
+    # 0 = "natural" batching: take whatever queued while the previous batch ran, never wait
+    # (no added latency at low load, large batches under load); > 0 also waits up to this long.
+    max_wait_ms: float = 0.0
     request_timeout_s: float = 120.0
 
 
@@ -51,7 +54,7 @@ class _Job:
 class MicroBatcher:
     """Merges the queries of concurrent requests into one ``retriever.search`` call."""
 
-    def __init__(self, retriever, max_batch: int = 256, max_wait_ms: float = 5.0):
+    def __init__(self, retriever, max_batch: int = 256, max_wait_ms: float = 0.0):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.retriever, self.max_batch, self.max_wait = retriever, max_batch, max_wait_ms / 1000.0
@@ -221,7 +224,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=64)
     ap.add_argument("--topk", type=int, default=3, help="default topk when a request gives none")
     ap.add_argument("--max-batch", type=int, default=256, help="queries per encoder/index call (1 = no batching)")
-    ap.add_argument("--max-wait-ms", type=float, default=5.0)
+    ap.add_argument("--max-wait-ms", type=float, default=0.0,
+                    help="extra wait for more queries after the first (0: batch what queued meanwhile)")
     ap.add_argument("--gpu", action="store_true", help="FAISS on all GPUs (sharded, fp16)")
     ap.add_argument("--mmap", action="store_true", help="memory-map an on-disk flat index")
     ap.add_argument("--device", default=None, help="encoder device (default: cuda if available)")

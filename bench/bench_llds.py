@@ -1,0 +1,116 @@
+"""LLDS overhead (not a test): the actor update step with verl's ppo_loss vs ppo_loss + LLDS,
+same model, same micro-batches, same process; prints the ratio.
+
+    python bench/bench_llds.py                 # tiny Qwen2 on CPU
+    python bench/bench_llds.py --device cuda --B 64 --T 4096 --loss-only   # the loss alone at real sizes
+
+One "update step" = forward (log-probs) + loss + backward + optimizer step, per micro-batch
+laid out by verl (TensorDict, no-padding). ``--loss-only`` times just the loss on random log-probs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tests.verl_layout import actor_config, jagged_log_probs, make_batch, padded_response_log_probs, to_micro_batches  # noqa: E402
+from train.loss import LLDSConfig, llds_ppo_loss  # noqa: E402
+
+
+def timeit(fn, reps):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def update_step_bench(args):
+    from transformers import AutoModelForCausalLM
+
+    from train.tiny import build_tiny_model
+
+    path = build_tiny_model(Path(tempfile.gettempdir()) / "bench_tiny_qwen2", ROOT / "data" / "corpus.jsonl")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    cfg = actor_config()
+    t = make_batch(B=4, P=64, R=args.T, vocab=model.config.vocab_size)
+    lp = padded_response_log_probs(model, t)
+    t["old_log_probs"] = lp + 0.1 * torch.randn_like(lp)
+    t["ref_log_prob"] = lp.clone()
+    n_tok = int(t["response_mask"].sum())
+    tds = to_micro_batches(t, 2, n_tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def step(llds):
+        opt.zero_grad()
+        for td in tds:
+            loss, _ = llds_ppo_loss(cfg, {"log_probs": jagged_log_probs(model, td)}, td, llds=llds)
+            loss.backward()
+        opt.step()
+
+    off, on = LLDSConfig(enable=False), LLDSConfig(enable=True, gate="action")
+    base, cand = [], []
+    for _ in range(args.rounds):  # interleave, so drift hits both
+        base.append(timeit(lambda: step(off), args.reps))
+        cand.append(timeit(lambda: step(on), args.reps))
+    b, c = statistics.median(base), statistics.median(cand)
+    print(f"update step (tiny Qwen2, CPU, 2 micro-batches of 2 x {64 + args.T} tokens): "
+          f"verl ppo_loss {b * 1e3:.1f} ms, + LLDS {c * 1e3:.1f} ms, ratio {c / b:.3f}")
+
+
+def loss_only_bench(args):
+    cfg = actor_config()
+    dev = args.device
+    B, T = args.B, args.T
+    t = make_batch(B=B, P=16, R=T, vocab=1000)
+    lp = torch.randn(B, T).clamp(max=0) - 0.1
+    t["old_log_probs"] = lp + 0.1 * torch.randn(B, T)
+    t["ref_log_prob"] = lp.clone()
+    td = to_micro_batches(t, 1, int(t["response_mask"].sum()))[0]
+    td = td.to(dev)
+    values = torch.randn(td["input_ids"].values().shape[0], device=dev, requires_grad=True)
+    nested = lambda: torch.nested.nested_tensor_from_jagged(values.clamp(max=0), offsets=td["input_ids"].offsets())
+
+    def run(llds):
+        loss, _ = llds_ppo_loss(cfg, {"log_probs": nested()}, td, llds=llds)
+        loss.backward()
+
+    b = timeit(lambda: run(LLDSConfig(enable=False)), args.reps)
+    c = timeit(lambda: run(LLDSConfig(enable=True)), args.reps)
+    print(f"loss + backward only, B={B} T={T} on {dev}: ppo_loss {b * 1e3:.2f} ms, + LLDS {c * 1e3:.2f} ms, "
+          f"ratio {c / b:.3f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--B", type=int, default=64)
+    ap.add_argument("--T", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--loss-only", action="store_true")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    if args.loss_only:
+        loss_only_bench(args)
+    else:
+        update_step_bench(args)
+
+
+if __name__ == "__main__":
+    main()
