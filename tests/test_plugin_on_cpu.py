@@ -13,7 +13,7 @@ def test_import_verl_loads_plugin_in_fresh_process():
               "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry\n"
               "assert 'train.plugin' in sys.modules, 'plugin module not loaded by import verl'\n"
               "assert _agent_loop_registry['search_r1']['_target_'] == 'train.agent_loop.SearchR1AgentLoop'\n"
-              "import train.plugin; assert train.plugin.REGISTERED == {'agent_loop': 'search_r1'}\n"
+              "import train.plugin; assert train.plugin.REGISTERED == {'agent_loop': 'search_r1', 'rollout': 'hf'}\n"
               "print('ok')")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 

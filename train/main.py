@@ -4,8 +4,10 @@
 
 Reading order: :func:`main` validates our blocks and verl's config, then hands
 :class:`SearchR1TaskRunner` to verl's ``run_ppo`` (which starts Ray). The runner builds verl's
-``RayPPOTrainer`` exactly as verl's own task runner does, starts the workers, installs the
-LLDS actor loss with ``set_loss_fn``, and calls ``fit``.
+``RayPPOTrainer`` (a subclass that only adds the ``search_r1/*`` agent statistics to each step's
+metrics) as verl's own task runner does, starts the workers, installs the LLDS actor loss with
+``set_loss_fn``, and calls ``fit``. With ``VERL_PLATFORM=cpu`` the same loop runs on CPU
+(:mod:`train.cpu`): Ray gets logical GPU slots and the workers open their process group on gloo.
 """
 
 from __future__ import annotations
@@ -45,6 +47,40 @@ def check_config(config: DictConfig) -> None:
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
 
 
+def search_metrics(batch) -> dict[str, list[float]]:
+    """Per-step agent statistics from the trajectories' extra fields (names avoid "min"/"max",
+    which verl's reduce_metrics reads as the reduction)."""
+    import numpy as np
+
+    nt = batch.non_tensor_batch
+    out: dict[str, list[float]] = {}
+    for key, name in (("num_searches", "searches"), ("num_valid_searches", "valid_searches"),
+                      ("num_invalid_actions", "invalid_actions"), ("num_gen_turns", "gen_turns"),
+                      ("search_failed", "search_failed")):
+        if key in nt:
+            out[f"search_r1/{name}"] = [float(np.mean([float(v or 0) for v in nt[key]]))]
+    if "stop_reason" in nt:
+        reasons = list(nt["stop_reason"])
+        for reason, name in (("answer", "answered"), ("max_turns", "stopped_turn_cap"),
+                             ("length", "stopped_length"), ("eos", "stopped_eos")):
+            out[f"search_r1/{name}"] = [reasons.count(reason) / max(len(reasons), 1)]
+    return out
+
+
+def make_trainer_class():
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    class SearchR1Trainer(RayPPOTrainer):
+        """verl's trainer; only adds the agent statistics to each step's metrics."""
+
+        def _update_actor(self, batch):
+            out = super()._update_actor(batch)
+            out.meta_info.setdefault("metrics", {}).update(search_metrics(batch))
+            return out
+
+    return SearchR1Trainer
+
+
 def install_llds_loss(trainer, config: DictConfig) -> None:
     """Swap the actor's loss for verl's ppo_loss + LLDS (a no-op loss change when disabled)."""
     from verl.utils.config import omega_conf_to_dataclass
@@ -58,8 +94,30 @@ def install_llds_loss(trainer, config: DictConfig) -> None:
 
 @ray.remote(num_cpus=1)
 class SearchR1TaskRunner(BaseTaskRunner):
+    def add_actor_rollout_worker(self, config):
+        cls, group_cls = super().add_actor_rollout_worker(config)
+        from train import cpu
+
+        if cpu.enabled():  # CPU runs: the same verl workers, process group opened on gloo
+            from train.cpu.worker import CPUActorRolloutRefWorker
+
+            for role in list(self.role_worker_mapping):
+                self.role_worker_mapping[role] = ray.remote(CPUActorRolloutRefWorker)
+            cls = CPUActorRolloutRefWorker
+        return cls, group_cls
+
+    def add_critic_worker(self, config):
+        super().add_critic_worker(config)
+        from train import cpu
+
+        if cpu.enabled():
+            from verl.trainer.ppo.ray_trainer import Role
+
+            from train.cpu.worker import CPUTrainingWorker
+
+            self.role_worker_mapping[Role.Critic] = ray.remote(CPUTrainingWorker)
+
     def run(self, config: DictConfig) -> None:
-        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
         from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
         from verl.utils.config import omega_conf_to_dataclass
         from verl.utils.dataset.rl_dataset import collate_fn
@@ -81,7 +139,7 @@ class SearchR1TaskRunner(BaseTaskRunner):
                                      max_samples=config.data.get("train_max_samples", -1))
         val_ds = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, is_train=False,
                                    max_samples=config.data.get("val_max_samples", -1))
-        trainer = RayPPOTrainer(
+        trainer = make_trainer_class()(
             config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=self.role_worker_mapping,
             resource_pool_manager=self.init_resource_pool_mgr(config), ray_worker_group_cls=worker_group_cls,
             train_dataset=train_ds, val_dataset=val_ds, collate_fn=collate_fn,
@@ -92,11 +150,31 @@ class SearchR1TaskRunner(BaseTaskRunner):
         trainer.fit()
 
 
+def init_ray_for_cpu(config: DictConfig) -> None:
+    """CPU runs (VERL_PLATFORM=cpu): one logical Ray GPU slot per "device", and the platform variable
+    (plus offline settings) in every Ray worker. GPU runs let verl's run_ppo start Ray as usual."""
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    env = get_ppo_ray_runtime_env(config)
+    env.setdefault("env_vars", {})
+    for key in ("VERL_PLATFORM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE", "TOKENIZERS_PARALLELISM"):
+        if os.environ.get(key) is not None:
+            env["env_vars"][key] = os.environ[key]
+    init = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}), resolve=True)
+    init.pop("runtime_env", None)
+    slots = config.trainer.n_gpus_per_node * config.trainer.nnodes
+    ray.init(**init, num_gpus=slots, runtime_env=env)
+
+
 @hydra.main(config_path=CONFIG_DIR, config_name="grpo_llds", version_base=None)
 def main(config: DictConfig) -> None:
     from verl.trainer.main_ppo import run_ppo
 
+    from train import cpu
+
     check_config(config)
+    if cpu.enabled() and not ray.is_initialized():
+        init_ray_for_cpu(config)
     run_ppo(config, task_runner_class=SearchR1TaskRunner)
 
 
