@@ -58,6 +58,8 @@ def test_extract_answer_ignores_observations_and_invalid_message():
     assert P.extract_answer(r) == "real"
     assert P.extract_answer("<answer>a</answer> x <answer> b </answer>") == "b"
     assert P.extract_answer("<answer> unclosed") is None
+    assert P.extract_answer("<answer> I need </think><answer> x </answer>") == "x"  # same reading as parse_turn
+    assert P.parse_turn("<answer> I need </think><answer> x </answer>").content == "x"
     assert P.extract_answer("<information><answer>x</answer></information>") is None
     assert P.extract_answer("x" + P.INVALID_ACTION_MESSAGE) is None
     assert P.extract_answer("<information><answer>x</answer>") is None  # unclosed observation

@@ -197,7 +197,10 @@ def format_search_failure() -> str:
 # --------------------------------------------------------------------------------------------
 
 _INFO_BLOCK_RE = re.compile(re.escape(INFO_OPEN) + r".*?(?:" + re.escape(INFO_CLOSE) + r"|\Z)", re.DOTALL)
-_ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
+# The content may not hold another <answer>: "<answer> a <answer> b </answer>" answers "b", as
+# parse_turn reads it (the last opening tag before the closing one).
+_ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"((?:(?!" + re.escape(ANSWER_OPEN) + r").)*?)"
+                        + re.escape(ANSWER_CLOSE), re.DOTALL)
 _SEARCH_RE = re.compile(re.escape(SEARCH_OPEN) + r"(.*?)" + re.escape(SEARCH_CLOSE), re.DOTALL)
 
 

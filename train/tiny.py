@@ -1,7 +1,10 @@
 """A tiny, real, offline policy: a 2-layer Qwen2 with a byte-level BPE trained on a corpus.
 
 Used by the tests and the CPU demo (no hub download anywhere). ``python -m train.tiny OUT_DIR``
-writes a ``save_pretrained`` directory (model + tokenizer with a Qwen-style chat template).
+writes a ``save_pretrained`` directory (model + tokenizer with a Qwen-style chat template);
+``--sft-steps N`` then warm-starts it on scripted Search-R1 trajectories built from the bundled
+QA (search with the question, read the gold passage, answer), so that the demo's policy writes
+the tags and sometimes searches. It stays a toy: it copies queries badly and rarely answers right.
 """
 
 from __future__ import annotations
@@ -92,15 +95,109 @@ def build_tiny_model(out_dir: str | os.PathLike, corpus: str | os.PathLike, *, s
     return out
 
 
+def protocol_trajectories(qa: Path, corpus: Path, limit: int = 400,
+                          count_tokens=None, obs_tokens: int = 48) -> list[tuple[str, list[tuple[str, bool]]]]:
+    """(question, [(text, trained?)...]) pairs: search with the question, read the gold passage,
+    answer with the gold answer. Built from the bundled QA and corpus (gold_doc_ids)."""
+    from train import protocol
+
+    with open(corpus, encoding="utf-8") as f:
+        contents = [json.loads(line)["contents"] for line in f]
+    out = []
+    with open(qa, encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            docs = [contents[int(i)] for i in rec.get("metadata", {}).get("gold_doc_ids", [])[:1]]
+            if not docs:
+                continue
+            q = rec["question"].strip()
+            out.append((q, [
+                (f"<think> I need to search. </think><search> {q} </search>", True),
+                (protocol.format_observation(docs, max_tokens=obs_tokens, count_tokens=count_tokens)
+                 if count_tokens else protocol.format_observation(docs), False),
+                (f"<think> I found it. </think><answer> {rec['golden_answers'][0]} </answer>", True),
+            ]))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def sft_protocol(model_dir: str | os.PathLike, qa: Path, corpus: Path, *, steps: int = 300, batch: int = 8,
+                 lr: float = 3e-3, seed: int = 0, max_tokens: int = 384) -> dict:
+    """Teach the tiny policy the Search-R1 format (a few hundred supervised steps on CPU), so the
+    demo's agent actually searches and answers. Observation tokens carry no loss."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from train import protocol
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    examples = []
+    count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
+    for q, parts in protocol_trajectories(qa, corpus, count_tokens=count):
+        ids = tok.encode(protocol.render_prompt(tok, q), add_special_tokens=False)
+        labels = [-100] * len(ids)
+        for text, trained in parts:
+            t = tok.encode(text, add_special_tokens=False)
+            ids += t
+            labels += t if trained else [-100] * len(t)
+        ids.append(tok.eos_token_id)
+        labels.append(tok.eos_token_id)
+        examples.append((ids[-max_tokens:], labels[-max_tokens:]))
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    losses = []
+    for step in range(steps):
+        chunk = rng.sample(examples, batch)
+        width = max(len(i) for i, _ in chunk)
+        input_ids = torch.full((batch, width), tok.pad_token_id)
+        labels = torch.full((batch, width), -100)
+        attn = torch.zeros((batch, width), dtype=torch.long)
+        for b, (i, l) in enumerate(chunk):
+            input_ids[b, : len(i)] = torch.tensor(i)
+            labels[b, : len(l)] = torch.tensor(l)
+            attn[b, : len(i)] = 1
+        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    model.save_pretrained(model_dir)
+    return {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / min(10, len(losses)), "examples": len(examples)}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("out_dir")
     ap.add_argument("--corpus", default=str(Path(__file__).resolve().parent.parent / "data" / "corpus.jsonl"))
+    ap.add_argument("--qa", default=str(Path(__file__).resolve().parent.parent / "data" / "qa.jsonl"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden-size", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--sft-steps", type=int, default=0,
+                    help="supervised steps teaching the Search-R1 format (0: keep the random model)")
     args = ap.parse_args(argv)
-    if not Path(args.corpus).is_file():
-        raise SystemExit(f"corpus not found: {args.corpus}")
-    print(build_tiny_model(args.out_dir, args.corpus, seed=args.seed))
+    for name in ("corpus", "qa"):
+        if not Path(getattr(args, name)).is_file():
+            raise SystemExit(f"--{name} not found: {getattr(args, name)}")
+    if args.sft_steps < 0:
+        raise SystemExit("--sft-steps must be >= 0")
+    if args.hidden_size < 1 or args.heads < 1 or args.hidden_size % args.heads:
+        raise SystemExit("--hidden-size must be a positive multiple of --heads")
+    out = Path(args.out_dir)
+    fresh = not (out / "config.json").exists()
+    build_tiny_model(out, args.corpus, seed=args.seed, hidden_size=args.hidden_size, heads=args.heads)
+    if args.sft_steps and fresh:
+        stats = sft_protocol(out, Path(args.qa), Path(args.corpus), steps=args.sft_steps, seed=args.seed)
+        print(f"format warm-start: {stats['examples']} trajectories, loss {stats['first_loss']:.2f} -> "
+              f"{stats['last_loss']:.2f} over {args.sft_steps} steps")
+    print(out)
 
 
 if __name__ == "__main__":
