@@ -45,7 +45,9 @@ def update_step_bench(args):
 
     from train.tiny import build_tiny_model
 
-    path = build_tiny_model(Path(tempfile.gettempdir()) / "bench_tiny_qwen2", ROOT / "data" / "corpus.jsonl")
+    h, L = args.hidden_size, args.layers
+    path = build_tiny_model(Path(tempfile.gettempdir()) / f"bench_qwen2_h{h}_l{L}", ROOT / "data" / "corpus.jsonl",
+                            hidden_size=h, layers=L, heads=max(2, h // 64))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     cfg = actor_config()
     t = make_batch(B=4, P=64, R=args.T, vocab=model.config.vocab_size)
@@ -64,13 +66,31 @@ def update_step_bench(args):
         opt.step()
 
     off, on = LLDSConfig(enable=False), LLDSConfig(enable=True, gate="action")
+
+    # The LLDS part alone, on these very micro-batches: loss + backward w.r.t. fixed log-probs.
+    with torch.no_grad():
+        fixed = [jagged_log_probs(model, td).values() for td in tds]
+
+    def loss_only(llds):
+        for td, values in zip(tds, fixed):
+            leaf = values.clone().requires_grad_()
+            nested = torch.nested.nested_tensor_from_jagged(leaf, offsets=td["input_ids"].offsets())
+            loss, _ = llds_ppo_loss(cfg, {"log_probs": nested}, td, llds=llds)
+            loss.backward()
+
+    part = timeit(lambda: loss_only(on), args.reps * 4) - timeit(lambda: loss_only(off), args.reps * 4)
     base, cand = [], []
-    for _ in range(args.rounds):  # interleave, so drift hits both
-        base.append(timeit(lambda: step(off), args.reps))
-        cand.append(timeit(lambda: step(on), args.reps))
+    for r in range(args.rounds):  # interleave in ABBA order, so drift and order effects hit both
+        order = [(base, off), (cand, on)] if r % 2 == 0 else [(cand, on), (base, off)]
+        for bucket, llds in order:
+            bucket.append(timeit(lambda: step(llds), args.reps))
     b, c = statistics.median(base), statistics.median(cand)
-    print(f"update step (tiny Qwen2, CPU, 2 micro-batches of 2 x {64 + args.T} tokens): "
-          f"verl ppo_loss {b * 1e3:.1f} ms, + LLDS {c * 1e3:.1f} ms, ratio {c / b:.3f}")
+    n_params = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"update step (Qwen2 hidden {h}, {L} layers, {n_params:.2f}M params, CPU, 2 micro-batches of "
+          f"2 x {64 + args.T} tokens): "
+          f"verl ppo_loss {b * 1e3:.1f} ms, + LLDS {c * 1e3:.1f} ms, ratio {c / b:.3f} (A/B of whole steps)")
+    print(f"LLDS term measured alone on the same micro-batches: {part * 1e3:.2f} ms per step = "
+          f"{1 + part / b:.3f} x the step")
 
 
 def loss_only_bench(args):
@@ -104,6 +124,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--loss-only", action="store_true")
+    ap.add_argument("--hidden-size", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.loss_only:

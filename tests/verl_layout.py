@@ -40,7 +40,7 @@ def make_batch(B=4, P=6, R=10, vocab=1000, seed=0):
         response_mask[i, 2:4] = 0  # an observation
         answer_mask[i, rl - 2: rl] = 1
     position_ids = (torch.cumsum(attn, -1) - 1).clamp(min=0)
-    adv = torch.tensor([1.0, -1.0, 0.0, 0.5])[:B].repeat_interleave(R).view(B, R) * response_mask
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.5]).repeat(B // 4 + 1)[:B].repeat_interleave(R).view(B, R) * response_mask
     return {
         "prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
         "attention_mask": attn, "position_ids": position_ids, "response_mask": response_mask,

@@ -44,9 +44,9 @@ def action_ids(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _run_sums(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Sum of ``values`` over each run; index 0 collects the positions outside runs."""
-    n = int(ids.max().item()) + 1 if ids.numel() else 1
-    sums = torch.zeros(n, dtype=values.dtype, device=values.device)
+    """Sum of ``values`` over each run; index 0 collects the positions outside runs. Sized by the
+    largest possible run id (no device-to-host sync)."""
+    sums = torch.zeros(ids.numel() + 1, dtype=values.dtype, device=values.device)
     return sums.index_add_(0, ids.flatten(), values.flatten())
 
 
@@ -84,6 +84,13 @@ def llds_token_penalty(
     tokens is > 0; ``"token"`` always. Gate decisions carry no gradient. Non-finite inputs on one
     row never make the penalty of another row non-finite.
     """
+    return llds_penalty_and_gate(old_log_prob, log_prob, advantages, response_mask, gate=gate,
+                                 answer_mask=answer_mask, answer_weight=answer_weight)[0]
+
+
+def llds_penalty_and_gate(old_log_prob, log_prob, advantages, response_mask, *, gate="action",
+                          answer_mask=None, answer_weight=1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`llds_token_penalty` plus the bool gate it used (for :func:`llds_stats`)."""
     shapes = {t.shape for t in (old_log_prob, log_prob, advantages, response_mask)}
     if answer_mask is not None:
         shapes.add(answer_mask.shape)
@@ -92,11 +99,10 @@ def llds_token_penalty(
     d = old_log_prob.detach() - log_prob
     preserved = preserved_mask(response_mask, advantages)
     open_ = llds_gate(d, preserved, gate)
-    weight = torch.ones_like(d)
+    penalty = torch.clamp(d, min=0.0)
     if answer_mask is not None:
-        weight = torch.where(answer_mask > 0, torch.full_like(d, float(answer_weight)), weight)
-    penalty = weight * torch.clamp(d, min=0.0)
-    return torch.where(open_, penalty, torch.zeros_like(penalty))
+        penalty = torch.where(answer_mask > 0, penalty * float(answer_weight), penalty)
+    return torch.where(open_, penalty, torch.zeros_like(penalty)), open_
 
 
 @torch.no_grad()
@@ -108,6 +114,7 @@ def llds_stats(
     *,
     gate: str = "action",
     answer_mask: Optional[torch.Tensor] = None,
+    open_gate: Optional[torch.Tensor] = None,
 ) -> dict[str, float]:
     """Death-spiral diagnostics for one batch (sums and counts; see :func:`merge_stats`).
 
@@ -120,41 +127,40 @@ def llds_stats(
     resp = response_mask > 0
     preserved = preserved_mask(response_mask, advantages)
     negative = resp & (advantages < 0)
-    open_ = llds_gate(d, preserved, gate)
+    open_ = llds_gate(d, preserved, gate) if open_gate is None else open_gate
     ids = action_ids(preserved)
-    out: dict[str, float] = {
-        "d_pos_sum": float(torch.where(preserved, d, 0.0).nansum()),
-        "n_pos": float(preserved.sum()),
-        "d_neg_sum": float(torch.where(negative, d, 0.0).nansum()),
-        "n_neg": float(negative.sum()),
-    }
-    n_runs = int(ids.max()) if ids.numel() else 0
-    if n_runs:
-        gated_run = torch.zeros(n_runs + 1, dtype=torch.bool, device=d.device)
-        gated_run[ids[open_]] = True
-        out["gated_actions"] = float(gated_run[1:].sum())
-    else:
-        out["gated_actions"] = 0.0
-    out["n_actions"] = float(n_runs)
+    starts = preserved.clone()
+    starts[:, 1:] &= ~preserved[:, :-1]  # first token of each action
+    gated_run = torch.zeros(ids.numel() + 1, dtype=torch.bool, device=d.device)
+    gated_run[ids[open_]] = True
     rows = preserved.any(dim=-1)
-    out["gated_responses"] = float((open_.any(dim=-1) & rows).sum())
-    out["n_responses"] = float(rows.sum())
+    names = ["d_pos_sum", "n_pos", "d_neg_sum", "n_neg", "gated_actions", "n_actions", "gated_responses",
+             "n_responses"]
+    values = [torch.where(preserved, d, 0.0).nansum(), preserved.sum(), torch.where(negative, d, 0.0).nansum(),
+              negative.sum(), gated_run[1:].sum(), starts.sum(), (open_.any(dim=-1) & rows).sum(), rows.sum()]
 
     positive = resp & (advantages > 0)
     pos_ids = action_ids(positive)
     # Action position within its row: 1 for the first run, 2 for the second...
-    first_id = torch.where(positive, pos_ids, torch.full_like(pos_ids, torch.iinfo(torch.long).max)).min(-1, keepdim=True).values
+    big = torch.full_like(pos_ids, torch.iinfo(torch.long).max)
+    first_id = torch.where(positive, pos_ids, big).min(-1, keepdim=True).values
     position = torch.where(positive, pos_ids - first_id + 1, torch.zeros_like(pos_ids))
     lp = log_prob.float()
     if answer_mask is not None:
         ans = positive & (answer_mask > 0)
-        out["logp_pos_answer_sum"] = float(torch.where(ans, lp, 0.0).nansum())
-        out["logp_pos_answer_n"] = float(ans.sum())
-    for k in range(1, int(position.max()) + 1 if position.numel() else 1):
-        sel = position == k
-        out[f"logp_pos_a{k}_sum"] = float(torch.where(sel, lp, 0.0).nansum())
-        out[f"logp_pos_a{k}_n"] = float(sel.sum())
-    return out
+        names += ["logp_pos_answer_sum", "logp_pos_answer_n"]
+        values += [torch.where(ans, lp, 0.0).nansum(), ans.sum()]
+    n_pos = int(position.max()) if position.numel() else 0
+    if n_pos:
+        k = torch.arange(1, n_pos + 1, device=d.device).view(-1, 1, 1)
+        sel = position.unsqueeze(0) == k  # [K, B, T]
+        sums = torch.where(sel, lp.unsqueeze(0), 0.0).nansum(dim=(1, 2))
+        counts = sel.sum(dim=(1, 2))
+        for j in range(n_pos):
+            names += [f"logp_pos_a{j + 1}_sum", f"logp_pos_a{j + 1}_n"]
+            values += [sums[j], counts[j]]
+    flat = torch.stack([v.float() for v in values]).tolist()  # one host transfer
+    return dict(zip(names, flat))
 
 
 def merge_stats(stats: list[dict[str, float]]) -> dict[str, float]:

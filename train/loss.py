@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from train.llds import GATES, adaptive_answer_weight, llds_stats, llds_token_penalty, merge_stats
+from train.llds import GATES, adaptive_answer_weight, llds_penalty_and_gate, llds_stats, merge_stats
 
 
 @dataclass
@@ -69,12 +69,13 @@ class LLDSConfig:
 
 def llds_term(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
               response_mask: torch.Tensor, answer_mask: Optional[torch.Tensor], cfg: LLDSConfig,
-              answer_weight: float, dp_size: int = 1, batch_num_tokens: Optional[float] = None) -> torch.Tensor:
-    """``lambda * sum(penalty) / N * dp_size`` with verl's token-mean normaliser."""
-    penalty = llds_token_penalty(old_log_prob, log_prob, advantages, response_mask, gate=cfg.gate,
-                                 answer_mask=answer_mask, answer_weight=answer_weight)
+              answer_weight: float, dp_size: int = 1,
+              batch_num_tokens: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lambda * sum(penalty) / N * dp_size`` with verl's token-mean normaliser, and the gate."""
+    penalty, open_ = llds_penalty_and_gate(old_log_prob, log_prob, advantages, response_mask, gate=cfg.gate,
+                                           answer_mask=answer_mask, answer_weight=answer_weight)
     n = batch_num_tokens if batch_num_tokens is not None else response_mask.sum().clamp(min=1)
-    return cfg.lam * penalty.sum() / n * dp_size
+    return cfg.lam * penalty.sum() / n * dp_size, open_
 
 
 def llds_ppo_loss(config, model_output, data, dp_group=None, *, llds: LLDSConfig):
@@ -101,15 +102,15 @@ def llds_ppo_loss(config, model_output, data, dp_group=None, *, llds: LLDSConfig
     dp_size = data["dp_size"] if "dp_size" in data.keys() else 1
     batch_num_tokens = data["batch_num_tokens"] if "batch_num_tokens" in data.keys() else None
     old_log_prob, advantages = td["old_log_probs"], td["advantages"]
-    term = llds_term(old_log_prob, log_prob, advantages, response_mask, answer_mask, llds, answer_weight,
-                     dp_size=dp_size or 1, batch_num_tokens=batch_num_tokens)
+    term, open_ = llds_term(old_log_prob, log_prob, advantages, response_mask, answer_mask, llds, answer_weight,
+                            dp_size=dp_size or 1, batch_num_tokens=batch_num_tokens)
 
     aggregation = AggregationType.SUM if batch_num_tokens is not None else AggregationType.MEAN
     metrics["llds/penalty"] = Metric(value=term.detach(), aggregation=aggregation)
     metrics["llds/lambda"] = llds.lam
     metrics["llds/answer_weight"] = answer_weight
     stats = merge_stats([llds_stats(old_log_prob, log_prob.detach(), advantages, response_mask,
-                                    gate=llds.gate, answer_mask=answer_mask)])
+                                    gate=llds.gate, answer_mask=answer_mask, open_gate=open_)])
     metrics.update(Metric.from_dict(stats, aggregation=AggregationType.MEAN))
     return loss + term, metrics
 
