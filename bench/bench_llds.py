@@ -116,6 +116,26 @@ def loss_only_bench(args):
           f"ratio {c / b:.3f}")
 
 
+def breakdown_bench(args):
+    """The LLDS math alone (no verl): penalty + gate forward/backward, and the diagnostics."""
+    from train.llds import llds_penalty_and_gate, llds_stats, merge_stats
+
+    B, T = args.B, args.T
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(B, T, generator=g)
+    new = (old + 0.05 * torch.randn(B, T, generator=g)).requires_grad_()
+    adv = torch.randn(B, 1, generator=g).expand(B, T).contiguous()
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[:, T // 4: T // 4 + 10] = 0
+    ans = torch.zeros(B, T, dtype=torch.long)
+    ans[:, -3:] = 1
+    pen = timeit(lambda: llds_penalty_and_gate(old, new, adv, mask, answer_mask=ans)[0].sum().backward(), args.reps)
+    _, gate = llds_penalty_and_gate(old, new, adv, mask, answer_mask=ans)
+    stats = timeit(lambda: merge_stats([llds_stats(old, new.detach(), adv, mask, answer_mask=ans, open_gate=gate)]),
+                   args.reps)
+    print(f"LLDS math alone at [{B}, {T}]: penalty + gate fwd/bwd {pen * 1e3:.2f} ms, diagnostics {stats * 1e3:.2f} ms")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
@@ -124,11 +144,14 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--loss-only", action="store_true")
+    ap.add_argument("--breakdown", action="store_true", help="time the LLDS math alone at [B, T]")
     ap.add_argument("--hidden-size", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     args = ap.parse_args()
     torch.manual_seed(0)
-    if args.loss_only:
+    if args.breakdown:
+        breakdown_bench(args)
+    elif args.loss_only:
         loss_only_bench(args)
     else:
         update_step_bench(args)
