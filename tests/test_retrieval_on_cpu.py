@@ -58,6 +58,21 @@ def test_dense_build_reload_and_resume(dense_index_dir, small_corpus, tmp_path):
     np.testing.assert_allclose(again, first, atol=1e-5)
 
 
+def test_bare_index_file_like_search_r1_release(dense_index_dir, small_corpus, tmp_path):
+    """Search-R1 ships e5_Flat.index + wiki-18.jsonl with no manifest: load such a pair as it is."""
+    import shutil
+
+    bare = tmp_path / "minilm_Flat.index"
+    shutil.copy(dense_index_dir / "index.faiss", bare)
+    r = load_retriever(bare, small_corpus, encoder="minilm", device="cpu")
+    doc = r.corpus.get(5)
+    assert r.search([doc["contents"][:200]], 1)[0][0][0]["id"] == doc["id"]
+    with pytest.raises(ValueError, match="encoder"):
+        load_retriever(bare, small_corpus)
+    with pytest.raises(ValueError, match="corpus"):
+        load_retriever(bare)
+
+
 def test_bm25_and_hnsw(bm25_index_dir, dense_index_dir):
     r = load_retriever(bm25_index_dir)
     hits = r.search(["Harvey Pekar autobiographical comics"], 3)[0]
