@@ -11,7 +11,7 @@ import json
 import mmap
 import os
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 from tqdm import tqdm
@@ -95,14 +95,6 @@ class CorpusStore:
         doc.setdefault("id", str(row))
         doc["id"] = str(doc["id"])
         return doc
-
-    def get_many(self, rows: Sequence[int]) -> list[dict]:
-        return [self.get(int(r)) for r in rows]
-
-    def iter_contents(self, start: int = 0, *, progress: bool = False) -> Iterator[tuple[int, str]]:
-        """(row, contents) for every row from ``start``, validating each line."""
-        for row in tqdm(range(start, len(self)), desc="passages", disable=not progress):
-            yield row, self.get(row)["contents"]
 
     def close(self) -> None:
         if isinstance(self._mm, mmap.mmap):

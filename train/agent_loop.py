@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 from uuid import uuid4
 
@@ -256,10 +256,6 @@ class SearchR1AgentLoopManager(AgentLoopManager):
         if asyncio.iscoroutine(out) or isinstance(out, asyncio.Future):
             out = await out
         return add_search_tensors(out)
-
-
-def config_dict(cfg: SearchConfig) -> dict:
-    return asdict(cfg)
 
 
 def standalone_loop(tokenizer, server_manager, *, search: Optional[dict] = None, response_length: int = 4096,
