@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from train import protocol as P
-from train.agent_loop import add_search_tensors, cut_after_stop, segments, standalone_loop
+from train.agent_loop import add_search_tensors, cut_after_stop, segments, standalone_loop, stop_params
 from verl.workers.rollout.replica import TokenOutput
 
 QUESTION = [{"role": "user", "content": P.make_prompt("Who illustrated American Splendor")}]
@@ -131,6 +131,12 @@ def test_bad_config_is_named(tiny_tokenizer):
         run(tiny_tokenizer, ["x"], search_cfg={"topK": 3})
     with pytest.raises(ValueError, match="topk must be >= 1"):
         run(tiny_tokenizer, ["x"], search_cfg={"topk": 0})
+
+
+def test_stop_params_per_engine():
+    assert stop_params("vllm") == {"stop": ["</search>", "</answer>"], "include_stop_str_in_output": True}
+    assert stop_params("hf") == stop_params("vllm")
+    assert stop_params("sglang") == {"stop": ["</search>", "</answer>"], "no_stop_trim": True}
 
 
 def test_cut_after_stop_tokens(tiny_tokenizer):

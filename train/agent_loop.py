@@ -5,9 +5,8 @@ Per trajectory: generate (token ids in, token ids out) until the first ``</searc
 ``response_mask`` 0; repeat up to ``max_turns`` searches, then one last generation. The text
 protocol comes from :mod:`train.protocol`; nothing here knows the tag strings.
 
-Stopping: the request asks the server for stop strings (vLLM/SGLang honour ``stop`` with
-``include_stop_str_in_output``), and every returned turn is also cut on our side right after the
-token that completes the first stop tag (a backend that ignores stop strings still never puts
+Stopping: the request asks the server for stop strings in its own vocabulary (:func:`stop_params`),
+and every returned turn is also cut on our side right after the token that completes the first stop tag (a backend that ignores stop strings still never puts
 tokens past the tag into the trajectory).
 
 Configuration: the top-level ``search_r1:`` block of the trainer config (see
@@ -82,6 +81,15 @@ def _client_for(cfg: SearchConfig) -> RetrievalClient:
     return _clients[key]
 
 
+def stop_params(rollout_name: Optional[str]) -> dict:
+    """Stop-string sampling parameters in the rollout engine's own vocabulary, keeping the tag in
+    the output: vLLM (and our hf rollout) ``include_stop_str_in_output``, SGLang ``no_stop_trim``."""
+    stops = list(protocol.STOP_STRINGS)
+    if rollout_name == "sglang":
+        return {"stop": stops, "no_stop_trim": True}
+    return {"stop": stops, "include_stop_str_in_output": True}
+
+
 def cut_after_stop(tokenizer, ids: list[int]) -> list[int]:
     """The shortest prefix of ``ids`` whose text contains a complete stop tag (all of ``ids`` when
     none does). Prefix containment is monotone, so bisection needs O(log n) decodes."""
@@ -113,6 +121,7 @@ class SearchR1AgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.search = SearchConfig.from_config(self.config.get("search_r1"))
         self.response_length = int(self.rollout_config.response_length)
+        self._stop = stop_params(self.rollout_config.get("name"))
         self._client = search_client
 
     @property
@@ -159,8 +168,7 @@ class SearchR1AgentLoop(AgentLoopBase):
                 stop_reason = "length"
                 break
             params = dict(sampling_params)
-            params.update(max_tokens=min(self.search.max_turn_tokens, budget), stop=list(protocol.STOP_STRINGS),
-                          include_stop_str_in_output=True)
+            params.update(max_tokens=min(self.search.max_turn_tokens, budget), **self._stop)
             out = await self.server_manager.generate(request_id=request_id, prompt_ids=prompt_ids + response_ids,
                                                      sampling_params=params)
             ids = cut_after_stop(self.tokenizer, list(out.token_ids))[:budget]
