@@ -59,20 +59,27 @@ def load_run(url: str, n_clients: int, requests_each: int, qs: list[str]) -> dic
 
 
 def _load(url: str, n_clients: int, requests_each: int, qs: list[str]) -> dict:
-    import httpx
+    """Keep-alive http.client connections: a light client, so the server gets the CPU."""
+    import http.client
+    from urllib.parse import urlparse
 
+    host, port = urlparse(url).hostname, urlparse(url).port
     lat: list[float] = []
     lock = threading.Lock()
 
     def client(i):
-        with httpx.Client(timeout=120) as c:
-            mine = []
-            for j in range(requests_each):
-                q = qs[(i * requests_each + j) % len(qs)]
-                t = time.perf_counter()
-                r = c.post(url + "/retrieve", json={"queries": [q], "topk": 3})
-                r.raise_for_status()
-                mine.append(time.perf_counter() - t)
+        conn = http.client.HTTPConnection(host, port, timeout=120)
+        mine = []
+        for j in range(requests_each):
+            body = json.dumps({"queries": [qs[(i * requests_each + j) % len(qs)]], "topk": 3})
+            t = time.perf_counter()
+            conn.request("POST", "/retrieve", body=body, headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            r.read()
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}")
+            mine.append(time.perf_counter() - t)
+        conn.close()
         with lock:
             lat.extend(mine)
 
