@@ -143,3 +143,35 @@ class LocalRetrievalClient:
 
     async def aclose(self):
         pass
+
+
+def wait_healthy(url: str, wait: float = 0.0, interval: float = 1.0) -> bool:
+    """True once ``GET /health`` answers 200 (polling for up to ``wait`` seconds)."""
+    client = RetrievalClient(url, timeout=5)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            client.health()
+            return True
+        except Exception:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(interval)
+
+
+def main(argv=None) -> int:
+    """``python -m retrieval.client URL [--wait S]``: exit 0 when the server is healthy (used by the
+    launch scripts), 1 otherwise."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m retrieval.client", description=main.__doc__)
+    ap.add_argument("url", help="server base URL or its /retrieve endpoint")
+    ap.add_argument("--wait", type=float, default=0.0, help="seconds to keep polling /health")
+    args = ap.parse_args(argv)
+    if args.wait < 0:
+        ap.error("--wait must be >= 0")
+    return 0 if wait_healthy(args.url, args.wait) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

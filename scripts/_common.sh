@@ -10,7 +10,7 @@ export WANDB_MODE=${WANDB_MODE:-online}
 
 check_retriever() {  # fail early, with the fix, when the retriever is not up
   local base=${RETRIEVER_URL%/retrieve}
-  if ! "$PY" -c "import httpx,sys; r=httpx.get('$base/health', timeout=10); sys.exit(r.status_code != 200)" 2>/dev/null; then
+  if ! "$PY" -m retrieval.client "$base"; then
     echo "error: no retrieval server answers at $base/health." >&2
     echo "  start one first: bash retrieval_launch.sh   (wiki-18 e5 on GPUs: RETRIEVER=e5 bash retrieval_launch.sh)" >&2
     exit 1

@@ -22,14 +22,14 @@ echo "== 1. retrieval index + server (log: $OUT/retriever.log)"
 if [ ! -f runs/index/minilm/manifest.json ]; then
   "$PY" -m retrieval.build --corpus data/corpus.jsonl --out runs/index/minilm
 fi
-if "$PY" -c "import httpx,sys; sys.exit(httpx.get('$URL/health', timeout=2).status_code != 200)" 2>/dev/null; then
+if "$PY" -m retrieval.client "$URL"; then
   echo "error: something already answers on $URL; stop it or run PORT=<free port> make demo" >&2; exit 1
 fi
 "$PY" -m retrieval.server --index runs/index/minilm --port "$PORT" > "$OUT/retriever.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do
-  "$PY" -c "import httpx,sys; sys.exit(httpx.get('$URL/health', timeout=2).status_code != 200)" 2>/dev/null && break
+  "$PY" -m retrieval.client "$URL" && break
   kill -0 $SERVER 2>/dev/null || { echo "the retrieval server died:" >&2; tail -20 "$OUT/retriever.log" >&2; exit 1; }
   sleep 1
 done

@@ -17,14 +17,11 @@ PAPER_ROW=${PAPER_ROW:-}
 [ -f "$DATA_DIR/train.parquet" ] && [ -f "$DATA_DIR/test.parquet" ] || bash scripts/download_data.sh
 
 base=${RETRIEVER_URL%/retrieve}
-if ! "$PY" -c "import httpx,sys; sys.exit(httpx.get('$base/health', timeout=5).status_code != 200)" 2>/dev/null; then
+if ! "$PY" -m retrieval.client "$base"; then
   echo "starting the e5 retriever (log: runs/retriever.log) ..."
   mkdir -p runs
   RETRIEVER=e5 WIKI18=$WIKI18 nohup bash retrieval_launch.sh > runs/retriever.log 2>&1 &
-  for _ in $(seq 1 180); do
-    "$PY" -c "import httpx,sys; sys.exit(httpx.get('$base/health', timeout=5).status_code != 200)" 2>/dev/null && break
-    sleep 10
-  done
+  "$PY" -m retrieval.client "$base" --wait 1800 || { echo "the retriever did not come up; see runs/retriever.log" >&2; exit 1; }
 fi
 
 if [ ! -d "$CKPT_DIR/global_step_$STEP" ]; then

@@ -200,3 +200,10 @@ def test_client_retries_5xx_then_succeeds(bm25_index_dir):
         assert len(res[0]) == 3 and flaky.calls == 3
     finally:
         srv.close()
+
+
+def test_health_cli_for_launch_scripts(bm25_server):
+    from retrieval.client import main
+
+    assert main([bm25_server.url]) == 0
+    assert main([bm25_server.url + "/retrieve", "--wait", "1"]) == 0
