@@ -17,7 +17,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml ci/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing the CPU stack into $(VENV) (torch 2.13.0 CPU, verl 0.9.1, ...)"
-	@$(PIP_INSTALL) torch==2.13.0 -e '.[dev]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
+	@$(PIP_INSTALL) torch==2.13.0 -e '.[cpu,dev]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
 	@touch $(STAMP)
 
 test: $(STAMP)

@@ -140,7 +140,7 @@ def main(argv=None, generator=None) -> int:
         client = make_search_client(args.retriever_url, args.corpus, args.index, topk=args.topk)
         gen = generator or make_generator(args.model, args.backend, args.device, args.seed)
         asker = Asker(gen, tokenizer, client, max_turns=args.max_turns, topk=args.topk,
-                      temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+                      temperature=args.temperature, max_new_tokens=args.max_new_tokens, model_path=args.model)
         return asyncio.run(_run(args, asker))
     except InferenceError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -11,8 +11,7 @@
 # Extra arguments after the variables are passed to `python -m retrieval.server`.
 set -euo pipefail
 cd "$(dirname "$0")"
-PY=${PYTHON:-.venv/bin/python}
-[ -x "$PY" ] || PY=python3
+source scripts/_python.sh
 RETRIEVER=${RETRIEVER:-minilm}
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
@@ -37,6 +36,11 @@ case "$RETRIEVER" in
     exec "$PY" -m retrieval.server --index "$WIKI18/e5_HNSW64.index" --corpus "$WIKI18/wiki-18.jsonl" \
       --encoder intfloat/e5-base-v2 --host "$HOST" --port "$PORT" "$@" ;;
   lucene)
+    if ! ls "$WIKI18"/bm25/segments_* >/dev/null 2>&1; then
+      echo "error: no Lucene index in $WIKI18/bm25 (no segments_* file); download it with:" >&2
+      echo "  bash scripts/download_wiki18.sh $WIKI18 corpus,bm25" >&2
+      exit 1
+    fi
     exec "$PY" -m retrieval.server --kind lucene --index "$WIKI18/bm25" --corpus "$WIKI18/wiki-18.jsonl" \
       --host "$HOST" --port "$PORT" "$@" ;;
   *) echo "unknown RETRIEVER=$RETRIEVER (minilm | bm25 | e5 | e5-hnsw | lucene)" >&2; exit 2 ;;

@@ -25,6 +25,17 @@ from retrieval.corpus import CorpusStore
 MANIFEST = "manifest.json"
 
 
+def import_faiss():
+    """faiss, or an error that says which extra installs it (exactly one faiss build per install)."""
+    try:
+        import faiss
+    except ImportError as e:
+        raise ImportError(f"dense retrieval needs FAISS, which is not importable ({e}). Install one build: "
+                          "pip install -e '.[cpu]' (faiss-cpu) or pip install -e '.[gpu]' (faiss-gpu-cu12); "
+                          "conda: the environment.yml's faiss-gpu. Never both: they share the faiss/ package.") from e
+    return faiss
+
+
 class DenseIndex:
     def __init__(self, index):
         self.index = index
@@ -32,7 +43,7 @@ class DenseIndex:
     @staticmethod
     def build(factory: str, vectors: np.ndarray, *, train_size: int = 262144, seed: int = 0,
               hnsw_ef_search: int = 128, nprobe: int = 32) -> "DenseIndex":
-        import faiss
+        faiss = import_faiss()
 
         dim = vectors.shape[1]
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
@@ -48,7 +59,7 @@ class DenseIndex:
         return out
 
     def tune(self, hnsw_ef_search: Optional[int] = None, nprobe: Optional[int] = None) -> None:
-        import faiss
+        faiss = import_faiss()
 
         params = []
         if hnsw_ef_search and "HNSW" in type(faiss.downcast_index(self.index)).__name__:
@@ -59,13 +70,13 @@ class DenseIndex:
             faiss.ParameterSpace().set_index_parameters(self.index, ",".join(params))
 
     def save(self, path: str | os.PathLike) -> None:
-        import faiss
+        faiss = import_faiss()
 
         faiss.write_index(self.index, str(path))
 
     @staticmethod
     def load(path: str | os.PathLike, *, mmap: bool = False, gpu: bool = False) -> "DenseIndex":
-        import faiss
+        faiss = import_faiss()
 
         if not Path(path).is_file():
             raise FileNotFoundError(f"FAISS index not found: {path}")

@@ -29,13 +29,16 @@ from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger("retrieval.server")
 
+#: Longest query the server accepts by default (the client caps queries to it: see retrieval.client).
+MAX_QUERY_CHARS = 4096
+
 
 @dataclass
 class ServerConfig:
     default_topk: int = 3
     max_topk: int = 100
     max_queries: int = 512
-    max_query_chars: int = 4096
+    max_query_chars: int = MAX_QUERY_CHARS
     max_body_bytes: int = 4 << 20
     max_batch: int = 256
     # 0 = "natural" batching: take whatever queued while the previous batch ran, never wait
@@ -63,6 +66,7 @@ class MicroBatcher:
         self._stopped = False
         self.batches = 0
         self.queries = 0
+        self.largest_batch = 0
         self._thread.start()
 
     def submit(self, queries: list[str], topk: int) -> Future:
@@ -108,6 +112,7 @@ class MicroBatcher:
                 continue
             self.batches += 1
             self.queries += len(queries)
+            self.largest_batch = max(self.largest_batch, len(queries))
             pos = 0
             for j in jobs:
                 j.future.set_result([r[: j.topk] for r in results[pos: pos + len(j.queries)]])
@@ -181,7 +186,8 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
     @app.get("/health")
     def health():
         return jsonify(status="ok", passages=len(retriever.corpus), indexed=retriever.index.ntotal,
-                       kind=retriever.kind, batches=batcher.batches, queries=batcher.queries)
+                       kind=retriever.kind, batches=batcher.batches, queries=batcher.queries,
+                       largest_batch=batcher.largest_batch)
 
     @app.post("/retrieve")
     def retrieve():
@@ -201,13 +207,24 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
     return app
 
 
-def serve(app: Flask, host: str = "127.0.0.1", port: int = 8000, threads: int = 64) -> None:
-    """Serve with waitress, a threaded production WSGI server."""
-    from waitress import serve as waitress_serve
+def default_threads(max_batch: int) -> int:
+    """Request threads: each waits on its batch, so fewer threads than ``max_batch`` single-query
+    requests would cap every batch below ``max_batch``; 32 more keep /health and parsing responsive."""
+    return max(64, max_batch + 32)
 
+
+def make_server(app: Flask, host: str = "127.0.0.1", port: int = 8000, threads: Optional[int] = None):
+    """A waitress server (threaded production WSGI) for the app; ``.run()`` serves."""
+    from waitress.server import create_server
+
+    threads = threads or default_threads(app.retrieval_config.max_batch)
     log.warning("serving on http://%s:%d (threads=%d)", host, port, threads)
-    waitress_serve(app, host=host, port=port, threads=threads, connection_limit=max(1000, 4 * threads),
-                   channel_timeout=300, ident="retrieval")
+    return create_server(app, host=host, port=port, threads=threads, connection_limit=max(1000, 4 * threads),
+                         channel_timeout=300, ident="retrieval")
+
+
+def serve(app: Flask, host: str = "127.0.0.1", port: int = 8000, threads: Optional[int] = None) -> None:
+    make_server(app, host, port, threads).run()
 
 
 def main(argv=None) -> None:
@@ -221,7 +238,8 @@ def main(argv=None) -> None:
     ap.add_argument("--kind", choices=["dense", "bm25", "lucene"], default=None)
     ap.add_argument("--host", default="127.0.0.1", help="bind address; 0.0.0.0 for multi-node training")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--threads", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="request threads (default: max(64, max-batch + 32), so a batch can fill up)")
     ap.add_argument("--topk", type=int, default=3, help="default topk when a request gives none")
     ap.add_argument("--max-batch", type=int, default=256, help="queries per encoder/index call (1 = no batching)")
     ap.add_argument("--max-wait-ms", type=float, default=0.0,

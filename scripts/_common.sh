@@ -1,12 +1,11 @@
 # Shared by the train_*.sh launchers: environment defaults and the retriever preflight.
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+source "$(dirname "${BASH_SOURCE[0]}")/_python.sh"
 MODEL=${MODEL:-Qwen/Qwen2.5-3B}
 DATA_DIR=${DATA_DIR:-data/processed}
 N_GPUS=${N_GPUS:-8}
 NNODES=${NNODES:-1}
 RETRIEVER_URL=${RETRIEVER_URL:-http://127.0.0.1:8000/retrieve}
-export WANDB_MODE=${WANDB_MODE:-online}
+# wandb: without an account (no WANDB_API_KEY, no `wandb login`) train.main logs offline and says so.
 
 check_retriever() {  # fail early, with the fix, when the retriever is not up
   local base=${RETRIEVER_URL%/retrieve}
@@ -22,7 +21,7 @@ run_preset() {  # preset, extra hydra overrides...
   check_retriever
   exec "$PY" -m train.main --config-name "$preset" \
     actor_rollout_ref.model.path="$MODEL" \
-    data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/test.parquet" \
+    data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/val_sample.parquet" \
     trainer.n_gpus_per_node="$N_GPUS" trainer.nnodes="$NNODES" \
     search_r1.retriever_url="$RETRIEVER_URL" "$@"
 }

@@ -10,7 +10,7 @@
 # A tiny policy trained for 4 steps cannot answer questions: the demo shows every stage working.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
+source scripts/_python.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 OUT=${DEMO_DIR:-runs/demo}
 PORT=${PORT:-8000}

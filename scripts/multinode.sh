@@ -3,40 +3,54 @@
 #   on the head:     ROLE=head bash scripts/multinode.sh
 #   on each worker:  ROLE=worker HEAD=10.0.0.1 bash scripts/multinode.sh
 #   then, on head:   ROLE=submit NNODES=4 PRESET=grpo_llds RETRIEVER_URL=http://10.0.0.1:8000/retrieve \
-#                    bash scripts/multinode.sh [hydra overrides...]
-# The retriever must be reachable from every node (start it with HOST=0.0.0.0 bash retrieval_launch.sh);
-# the submit step checks that from every node before training starts.
+#                    CKPT_DIR=/shared/ckpt/run1 DATA_DIR=/shared/data/processed bash scripts/multinode.sh [hydra overrides...]
+# - The retriever must be reachable from every node (start it with HOST=0.0.0.0 bash retrieval_launch.sh).
+# - CKPT_DIR and DATA_DIR must be absolute paths on storage every node shares (NFS, Lustre...): FSDP
+#   shards are written by every node, and the job's working dir is a per-node temporary copy of this
+#   repo's code only (data/, checkpoints/, runs/ and other outputs are excluded from the upload; Ray
+#   refuses working dirs over its package size limit).
+# The submit step checks the retriever and both paths from every node before training starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_common.sh
 ROLE=${ROLE:?set ROLE=head|worker|submit}
+# What `ray job submit --working-dir .` must not upload (gitignore-style, relative to the repo).
+EXCLUDES='["data/wiki18/", "data/processed/", "checkpoints/", "runs/", "outputs/", "wandb/", ".venv/", ".venv-*/", ".git/", "*.index", "*.parquet"]'
 case "$ROLE" in
   head)   exec ray start --head --dashboard-host=0.0.0.0 --port=6379 ;;
   worker) exec ray start --address="${HEAD:?set HEAD=<head ip>}:6379" ;;
   submit)
     case "$RETRIEVER_URL" in *127.0.0.1*|*localhost*)
       echo "error: RETRIEVER_URL=$RETRIEVER_URL is loopback; other nodes cannot reach it. Use the head's address." >&2; exit 1;; esac
-    "$PY" - "$RETRIEVER_URL" <<'PYEOF'
+    CKPT_DIR=${CKPT_DIR:?set CKPT_DIR to an absolute checkpoint directory on storage every node shares}
+    case "$CKPT_DIR" in /*) ;; *) echo "error: CKPT_DIR=$CKPT_DIR must be an absolute path on shared storage" >&2; exit 1;; esac
+    case "$DATA_DIR" in /*) ;; *) echo "error: DATA_DIR=$DATA_DIR must be an absolute path on shared storage (the job's working dir holds code only)" >&2; exit 1;; esac
+    mkdir -p "$CKPT_DIR"
+    "$PY" - "$RETRIEVER_URL" "$CKPT_DIR" "$DATA_DIR/train.parquet" "$DATA_DIR/val_sample.parquet" <<'PYEOF'
 import sys, ray, httpx
 url = sys.argv[1].removesuffix("/retrieve") + "/health"
+paths = sys.argv[2:]
 ray.init(address="auto")
 @ray.remote(num_cpus=0)
-def probe(u):
-    import socket
+def probe(u, paths):
+    import os, socket
+    missing = [p for p in paths if not os.path.exists(p)]
     try:
-        return socket.gethostname(), httpx.get(u, timeout=10).status_code
+        status = httpx.get(u, timeout=10).status_code
     except Exception as e:
-        return socket.gethostname(), repr(e)
+        status = repr(e)
+    return socket.gethostname(), status, missing
 nodes = [n for n in ray.nodes() if n["Alive"]]
-res = ray.get([probe.options(scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(url) for n in nodes])
-bad = [r for r in res if r[1] != 200]
-print("\n".join(f"{h}: {s}" for h, s in res))
-sys.exit(f"error: the retriever is not reachable from {bad}" if bad else 0)
+res = ray.get([probe.options(scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(url, paths) for n in nodes])
+print("\n".join(f"{h}: retriever {s}, missing paths {m or 'none'}" for h, s, m in res))
+bad = [r for r in res if r[1] != 200 or r[2]]
+sys.exit(f"error: retriever unreachable or shared paths missing on {[r[0] for r in bad]}" if bad else 0)
 PYEOF
-    exec ray job submit --address="http://127.0.0.1:8265" --working-dir . -- \
+    exec ray job submit --address="http://127.0.0.1:8265" --working-dir . \
+      --runtime-env-json "{\"excludes\": $EXCLUDES}" -- \
       python -m train.main --config-name "${PRESET:-grpo_llds}" \
       actor_rollout_ref.model.path="$MODEL" data.train_files="$DATA_DIR/train.parquet" \
-      data.val_files="$DATA_DIR/test.parquet" trainer.n_gpus_per_node="$N_GPUS" trainer.nnodes="$NNODES" \
-      search_r1.retriever_url="$RETRIEVER_URL" "$@" ;;
+      data.val_files="$DATA_DIR/val_sample.parquet" trainer.n_gpus_per_node="$N_GPUS" trainer.nnodes="$NNODES" \
+      trainer.default_local_dir="$CKPT_DIR" search_r1.retriever_url="$RETRIEVER_URL" "$@" ;;
   *) echo "ROLE must be head, worker or submit" >&2; exit 2 ;;
 esac

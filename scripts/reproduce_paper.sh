@@ -26,7 +26,7 @@ fi
 
 if [ ! -d "$CKPT_DIR/global_step_$STEP" ]; then
   (source scripts/_common.sh; run_preset "$PRESET" trainer.experiment_name="$EXP" \
-     trainer.default_local_dir="$CKPT_DIR" "$@")
+     trainer.default_local_dir="$CKPT_DIR" "checkpoints.keep_steps=[$STEP]" "$@")
 fi
 
 HF_DIR=$CKPT_DIR/global_step_$STEP/hf

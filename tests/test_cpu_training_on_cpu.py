@@ -1,5 +1,10 @@
-"""verl's real training loop on CPU (VERL_PLATFORM=cpu): Ray, our task runner, the search_r1
-agent loop against a live retriever, our reward, the LLDS loss; checkpoint, resume, merge, evaluate."""
+"""verl's real training loop on CPU (VERL_PLATFORM=cpu) in the GPU presets' shape: 2 ranks (gloo),
+the reference model with the low-variance KL loss, Ray, our task runner, the search_r1 agent loop
+against a live retriever, the LLDS loss; checkpoint, resume, merge, evaluate.
+
+The reward here is tests/rewards.py:hashed_score (a fixed pseudo-random 0/1 per response text): the
+untrained tiny policy never answers right, and with EM every advantage would be 0, leaving the
+positive-advantage paths (the LLDS gate, its per-action diagnostics gathered across ranks) unused."""
 
 import os
 import subprocess
@@ -29,7 +34,9 @@ def trained(tmp_path_factory, tiny_model_dir, bm25_server, qa_path):
            "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
     common = [f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={work / 'data/train.parquet'}",
               f"data.val_files={work / 'data/test.parquet'}", f"trainer.default_local_dir={work / 'ckpt'}",
-              f"search_r1.retriever_url={bm25_server.url}/retrieve", "search_r1.max_turn_tokens=16"]
+              f"search_r1.retriever_url={bm25_server.url}/retrieve", "search_r1.max_turn_tokens=16",
+              f"reward.custom_reward_function.path={ROOT / 'tests' / 'rewards.py'}",
+              "reward.custom_reward_function.name=hashed_score"]
     run_main([*common, "trainer.total_training_steps=2", "trainer.save_freq=2"], env, work / "run1.log")
     run_main([*common, "trainer.total_training_steps=3", "trainer.save_freq=3", "trainer.resume_mode=auto"], env,
              work / "run2.log")
@@ -42,13 +49,28 @@ def test_steps_ran_with_llds_and_search_metrics(trained):
     first, second = parse(trained / "run1.log"), parse(trained / "run2.log")
     assert sorted(first) == [1, 2] and sorted(second) == [3]  # the second run resumed at step 3
     steps = {**first, **second}
+    fixed_keys = ["actor/llds/d_mean_preserved", "actor/llds/d_mean_negative", "actor/llds/gated_action_frac",
+                  "actor/llds/gated_response_frac", "actor/llds/logp_pos_answer", "actor/llds/logp_pos_a1",
+                  "actor/llds/logp_pos_a2", "actor/llds/logp_pos_a3"]  # max_turns 2: 3 generations
     for n, m in steps.items():
-        for key in ("critic/score/mean", "actor/pg_loss", "actor/llds/penalty", "actor/llds/gated_action_frac",
-                    "search_r1/searches", "search_r1/gen_turns", "actor/grad_norm"):
+        for key in ("critic/score/mean", "actor/pg_loss", "actor/llds/penalty", "search_r1/searches",
+                    "search_r1/gen_turns", "search_r1/failed_searches", "actor/grad_norm", "actor/kl_loss",
+                    "timing_s/ref", *fixed_keys):
             assert key in m, (n, key)
-        assert m["actor/llds/lambda"] == pytest.approx(0.2)
+        assert not any("llds_raw" in k for k in m)  # sums and counts became ratios once per step
+        assert m["actor/llds/lambda"] == pytest.approx(0.2) and m["actor/kl_coef"] == pytest.approx(0.001)
     # 2 optimizer updates per rollout batch: the second sees a moved policy, so LLDS is active
     assert any(m["actor/llds/penalty"] > 0 for m in steps.values())
+    # mixed rewards: positive-advantage tokens exist, and their log-likelihood is logged per action
+    assert any(m["critic/advantages/max"] > 0 and m["actor/llds/logp_pos_a1"] < 0 for m in steps.values())
+    # the reference model moved apart from the actor: a KL loss term was computed
+    assert any(m["actor/kl_loss"] > 0 for m in steps.values())
+
+
+def test_two_ranks_wrote_sharded_checkpoints(trained):
+    actor = trained / "ckpt" / "global_step_2" / "actor"
+    shards = sorted(p.name for p in actor.glob("model_world_size_2_rank_*.pt"))
+    assert shards == ["model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
 
 
 def test_checkpoint_merges_and_evaluates(trained, bm25_server):

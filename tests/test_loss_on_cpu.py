@@ -125,3 +125,59 @@ def test_config_validation_and_partial(cfg):
 
     fn = pickle.loads(pickle.dumps(make_actor_loss(cfg, c)))  # travels to Ray workers
     assert fn.keywords["llds"].lam == 0.3
+
+
+def _gather_like_verl(per_rank_micro_metrics):
+    """verl's path for one mini-batch: each rank append_to_dict's its micro-batch metrics, the dicts
+    are all-gathered (allgather_dict_into_dict), then every Metric list goes through aggregate_dp."""
+    from verl.utils.metric import Metric
+    from verl.utils.py_functional import append_to_dict
+
+    gathered = {}
+    for micro in per_rank_micro_metrics:
+        rank = {}
+        for m in micro:
+            append_to_dict(rank, m)
+        for k, v in rank.items():
+            gathered.setdefault(k, []).append(v)
+    return {k: Metric.aggregate_dp(v) if isinstance(v[0], Metric) else v for k, v in gathered.items()}
+
+
+def test_metrics_same_keys_on_every_rank_and_exact_ratios(cfg, model):
+    """2 ranks x 2 micro-batches whose rows have different numbers of positive-advantage actions:
+    verl's aggregation must accept the metrics (it raises on a key seen a different number of times
+    on different ranks) and the per-step ratios must equal those of the whole batch."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    from train.llds import llds_stats, merge_stats
+    from train.loss import finish_llds_metrics
+
+    t = _batch(model)
+    B, R = t["response_mask"].shape
+    # row 0: 3 actions, row 1: 2 actions; rows 2-3 keep one gap; advantage signs differ per row
+    t["response_mask"][0, 6:7] = 0
+    t["response_mask"][1] = 1
+    t["response_mask"][1, 5:6] = 0
+    t["response_mask"][1, R - 2:] = 0
+    t["attention_mask"][1, -2:] = 0
+    t["advantages"] = torch.tensor([1.0, 0.5, -1.0, 2.0]).view(B, 1) * t["response_mask"]
+    t["answer_mask"] = t["answer_mask"] * t["response_mask"]
+    n_tok = int(t["response_mask"].sum())
+    micro = to_micro_batches(t, 4, n_tok, dp_size=2)  # rank 0: rows 0, 1; rank 1: rows 2, 3
+    loss_fn = make_actor_loss(cfg, LLDSConfig(lam=0.2), positions=4)
+    per_rank = [[], []]
+    lps = []
+    for i, td in enumerate(micro):
+        out = {"log_probs": jagged_log_probs(model, td)}
+        lps.append(no_padding_2_padding(out["log_probs"], td).detach())
+        _, metrics = loss_fn(model_output=out, data=td)
+        per_rank[i // 2].append(metrics)
+    step = {f"actor/{k}": [v] for k, v in _gather_like_verl(per_rank).items()}  # one mini-batch
+    finish_llds_metrics(step)
+    assert not any("llds_raw" in k for k in step)
+    whole_lp = padded_response_log_probs(model, t)
+    expected = merge_stats([llds_stats(t["old_log_probs"], whole_lp, t["advantages"], t["response_mask"],
+                                       answer_mask=t["answer_mask"], positions=4)])
+    for k, v in expected.items():
+        assert step[f"actor/{k}"] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    assert expected["llds/logp_pos_a3"] != 0 and expected["llds/logp_pos_a4"] == 0

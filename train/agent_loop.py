@@ -16,6 +16,7 @@ Configuration: the top-level ``search_r1:`` block of the trainer config (see
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass, fields
 from typing import Any, Optional
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from retrieval.client import RetrievalClient, RetrieverUnavailable, contents_of
+from retrieval.server import MAX_QUERY_CHARS
 from train import protocol
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopManager, AgentLoopOutput, register
 from verl.utils.ray_utils import auto_await
@@ -47,6 +49,10 @@ class SearchConfig:
     retries: int = 5
     backoff: float = 0.5
     strict: bool = False  # raise when the retriever stays down, instead of a "search failed" observation
+    # Abort the step when more than this fraction of its searches failed (retriever down or erroring):
+    # otherwise the policy trains on "search failed" rollouts. 1.0 = never abort.
+    max_failure_rate: float = 0.5
+    max_query_chars: int = MAX_QUERY_CHARS  # longer queries are cut to this (the server's limit)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "SearchConfig":
@@ -66,6 +72,10 @@ class SearchConfig:
         for name in ("max_turns", "val_max_turns", "retries"):
             if int(getattr(out, name)) < 0:
                 raise ValueError(f"search_r1.{name} must be >= 0, got {getattr(out, name)}")
+        if not 0.0 <= float(out.max_failure_rate) <= 1.0:
+            raise ValueError(f"search_r1.max_failure_rate must be in [0, 1], got {out.max_failure_rate}")
+        if int(out.max_query_chars) < 1:
+            raise ValueError(f"search_r1.max_query_chars must be >= 1, got {out.max_query_chars}")
         return out
 
 
@@ -105,6 +115,38 @@ def cut_after_stop(tokenizer, ids: list[int]) -> list[int]:
     return ids[:lo]
 
 
+@functools.lru_cache(maxsize=16)
+def _generation_eos_ids(model_path: str) -> tuple[int, ...]:
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except (OSError, ValueError):  # no generation_config.json: the tokenizer's EOS only
+        return ()
+    if eos is None:
+        return ()
+    return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+
+
+def end_of_turn_ids(tokenizer, model_path: Optional[str] = None) -> set[int]:
+    """Token ids that end a generation: the tokenizer's EOS plus every ``eos_token_id`` of the model's
+    generation config (vLLM stops on all of them; Qwen2.5-Instruct: ``<|im_end|>`` and ``<|endoftext|>``)."""
+    ids = {tokenizer.eos_token_id} | set(getattr(tokenizer, "additional_eos_ids", []) or [])
+    if model_path:
+        ids |= set(_generation_eos_ids(str(model_path)))
+    return {i for i in ids if i is not None}
+
+
+def check_failure_rate(searches: int, failed: int, max_rate: float, url: str) -> None:
+    """Abort (RuntimeError) when a step's share of failed searches passes ``max_rate``."""
+    if searches and failed / searches > max_rate:
+        raise RuntimeError(
+            f"search_r1: {failed} of {searches} searches in this step failed ({failed / searches:.0%}, more than "
+            f"search_r1.max_failure_rate={max_rate:g}); training on 'search failed' observations would teach the "
+            f"policy not to search. Is the retriever at {url} up and healthy (python -m retrieval.client "
+            f"{url.removesuffix('/retrieve')})? Raise search_r1.max_failure_rate (1.0 = never abort) to go on anyway.")
+
+
 def answer_token_span(tokenizer, ids: list[int]) -> int:
     """Number of trailing tokens of an answer turn that cover its last ``<answer>...</answer>``."""
     for j in range(len(ids) - 1, -1, -1):
@@ -117,12 +159,14 @@ def answer_token_span(tokenizer, ids: list[int]) -> int:
 class SearchR1AgentLoop(AgentLoopBase):
     """verl agent loop speaking the Search-R1 protocol."""
 
-    def __init__(self, *args, search_client=None, **kwargs):
+    def __init__(self, *args, search_client=None, eos_from: Optional[str] = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.search = SearchConfig.from_config(self.config.get("search_r1"))
         self.response_length = int(self.rollout_config.response_length)
         self._stop = stop_params(self.rollout_config.get("name"))
         self._client = search_client
+        model_cfg = self.config.get("actor_rollout_ref", {}).get("model", {}) or {}
+        self._eos = end_of_turn_ids(self.tokenizer, model_cfg.get("path") if eos_from is None else eos_from)
 
     @property
     def client(self):
@@ -134,15 +178,24 @@ class SearchR1AgentLoop(AgentLoopBase):
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     async def _observe(self, query: str) -> tuple[str, bool]:
-        """Observation text for a search, and whether the search failed."""
+        """Observation text for a search, and whether the search failed. Any per-query retriever
+        error (down, a 4xx, a malformed answer) becomes the failure observation; only ``strict``
+        re-raises an unreachable retriever."""
+        query = query[: self.search.max_query_chars]  # what the server accepts
         try:
             result = await self.client.aretrieve([query], topk=self.search.topk)
+            docs = contents_of(result[0])
         except RetrieverUnavailable:
             if self.search.strict:
                 raise
-            log.warning("retriever unavailable; search %r answered with a failure observation", query)
+            log.warning("retriever unavailable; search %r answered with a failure observation", query[:200])
             return protocol.format_search_failure(), True
-        return protocol.format_observation(contents_of(result[0]), max_tokens=self.search.max_obs_tokens,
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001  (one bad search must not kill the step)
+            log.warning("search %r failed (%s); answered with a failure observation", query[:200], e)
+            return protocol.format_search_failure(), True
+        return protocol.format_observation(docs, max_tokens=self.search.max_obs_tokens,
                                            count_tokens=lambda s: len(self._encode(s))), False
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
@@ -153,13 +206,13 @@ class SearchR1AgentLoop(AgentLoopBase):
         prompt_ids = self._cap_text_prompt_length(prompt_ids)
 
         request_id = uuid4().hex
-        eos = {self.tokenizer.eos_token_id} | set(getattr(self.tokenizer, "additional_eos_ids", []) or [])
+        eos = self._eos
         response_ids: list[int] = []
         response_mask: list[int] = []
         logprobs: list[float] = []
         have_logprobs = bool(sampling_params.get("logprobs"))
         answer_len = 0
-        n_search = n_executed = n_invalid = n_answer = n_turns = 0
+        n_search = n_executed = n_failed = n_invalid = n_answer = n_turns = 0
         search_failed = False
         stop_reason = "max_turns"
         for turn in range(max_turns + 1):
@@ -200,6 +253,7 @@ class SearchR1AgentLoop(AgentLoopBase):
             if action.kind == "search":
                 obs, failed = await self._observe(action.content)
                 search_failed |= failed
+                n_failed += int(failed)
                 n_executed += int(not failed)
             else:
                 obs = protocol.INVALID_ACTION_MESSAGE
@@ -220,6 +274,7 @@ class SearchR1AgentLoop(AgentLoopBase):
             "answer_mask": answer_mask,
             "num_searches": n_search,
             "num_valid_searches": n_executed,  # searches run and answered by the retriever
+            "num_failed_searches": n_failed,  # searches sent that got the failure observation
             "num_valid_actions": n_search + n_answer,
             "num_invalid_actions": n_invalid,
             "num_gen_turns": n_turns,
@@ -263,12 +318,17 @@ class SearchR1AgentLoopManager(AgentLoopManager):
         out = super().generate_sequences(prompts)
         if asyncio.iscoroutine(out) or isinstance(out, asyncio.Future):
             out = await out
+        search = SearchConfig.from_config(self.config.get("search_r1"))
+        nt = out.non_tensor_batch
+        failed = int(sum(int(v or 0) for v in nt.get("num_failed_searches", [])))
+        sent = failed + int(sum(int(v or 0) for v in nt.get("num_valid_searches", [])))
+        check_failure_rate(sent, failed, search.max_failure_rate, search.retriever_url)
         return add_search_tensors(out)
 
 
 def standalone_loop(tokenizer, server_manager, *, search: Optional[dict] = None, response_length: int = 4096,
-                    prompt_length: int = 4096, search_client=None,
-                    hf_model_type: Optional[str] = None) -> SearchR1AgentLoop:
+                    prompt_length: int = 4096, search_client=None, hf_model_type: Optional[str] = None,
+                    model_path: Optional[str] = None) -> SearchR1AgentLoop:
     """The same agent loop outside a verl worker (``infer.py``, the evaluator, tests).
     Call from inside a running event loop (verl's base class captures it)."""
     from omegaconf import OmegaConf
@@ -283,7 +343,7 @@ def standalone_loop(tokenizer, server_manager, *, search: Optional[dict] = None,
     })
     return SearchR1AgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=server_manager, tokenizer=tokenizer,
                              processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
-                             search_client=search_client, hf_model_type=hf_model_type)
+                             search_client=search_client, hf_model_type=hf_model_type, eos_from=model_path or "")
 
 
 def segments(tokenizer, output: AgentLoopOutput) -> list[tuple[str, str]]:

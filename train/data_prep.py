@@ -132,6 +132,18 @@ def build(sets: dict[str, tuple[str, list[dict]]], *, sample_n: Optional[int], s
     return rows, counts
 
 
+def val_sample(test_rows: list[dict], per_source: int, seed: int) -> list[dict]:
+    """A fixed stratified sample of the test rows: up to ``per_source`` per data_source, chosen by
+    ``seed`` (the same rows every run, so validation curves are comparable across steps and runs)."""
+    by_source: dict[str, list[dict]] = {}
+    for r in test_rows:
+        by_source.setdefault(r["data_source"], []).append(r)
+    out = []
+    for source in sorted(by_source):
+        out += sample(by_source[source], per_source, seed)
+    return out
+
+
 def write_parquet(rows: list[dict], path: Path) -> None:
     import pandas as pd
 
@@ -149,11 +161,14 @@ def main(argv=None) -> None:
     ap.add_argument("--holdout", type=int, default=0, help="with --local: rows per source held out as test")
     ap.add_argument("--train-sample", type=int, default=None)
     ap.add_argument("--test-sample", type=int, default=None)
+    ap.add_argument("--val-per-source", type=int, default=200,
+                    help="rows per test source in val_sample.parquet, the fixed stratified sample that "
+                         "training validates on (default 200; 0 = no file)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--template", choices=["base", "instruct"], default="base",
                     help="both use the Search-R1 text; verl applies the model's chat template when it has one")
     args = ap.parse_args(argv)
-    for name in ("holdout", "train_sample", "test_sample"):
+    for name in ("holdout", "train_sample", "test_sample", "val_per_source"):
         v = getattr(args, name)
         if v is not None and v < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0")
@@ -183,6 +198,11 @@ def main(argv=None) -> None:
         write_parquet(test_rows, out / "test.parquet")
     print(f"train.parquet: {len(train_rows)} rows {dict(Counter(train_counts))}")
     print(f"test.parquet:  {len(test_rows)} rows {dict(Counter(test_counts))}")
+    if test_rows and args.val_per_source:
+        val_rows = val_sample(test_rows, args.val_per_source, args.seed)
+        write_parquet(val_rows, out / "val_sample.parquet")
+        print(f"val_sample.parquet: {len(val_rows)} rows {dict(Counter(r['data_source'] for r in val_rows))} "
+              f"(validation during training; the full table: scripts/evaluate.sh)")
 
 
 if __name__ == "__main__":

@@ -120,7 +120,15 @@ async def evaluate(rows: list[dict], asker, out_path: Path) -> list[dict]:
             bar.update(1)
             done[row["uid"]] = d
 
-        await asyncio.gather(*(one(r) for r in todo))
+        # A fixed pool of workers (the asker's concurrency): hundreds of questions in flight for a
+        # batching engine, and no coroutine or agent loop built for a question before its turn.
+        queue = iter(todo)
+
+        async def worker():
+            for row in queue:
+                await one(row)
+
+        await asyncio.gather(*(worker() for _ in range(min(getattr(asker, "concurrency", 256), len(todo)) or 1)))
     bar.close()
     return [done[r["uid"]] for r in rows if r["uid"] in done]
 
@@ -143,6 +151,7 @@ def main(argv=None, generator=None) -> int:
     ap.add_argument("--topk", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=500)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--concurrency", type=int, default=256, help="questions in flight at once (default 256)")
     ap.add_argument("--paper-row", default=None, help="print the paper's numbers for this row beside ours")
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:
@@ -158,7 +167,7 @@ def main(argv=None, generator=None) -> int:
         client = make_search_client(args.retriever_url, args.corpus, args.index, topk=args.topk)
         gen = generator or make_generator(args.model, args.backend, args.device)
         asker = Asker(gen, tokenizer, client, max_turns=args.max_turns, topk=args.topk, temperature=0.0,
-                      max_new_tokens=args.max_new_tokens)
+                      max_new_tokens=args.max_new_tokens, concurrency=args.concurrency, model_path=args.model)
         results = asyncio.run(evaluate(rows, asker, out))
     except InferenceError as e:
         print(f"error: {e}", file=sys.stderr)

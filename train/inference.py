@@ -124,7 +124,7 @@ class Asker:
 
     def __init__(self, generator, tokenizer, search_client, *, max_turns: int = 4, topk: int = 3,
                  temperature: float = 0.0, max_new_tokens: int = 500, max_obs_tokens: int = 500,
-                 response_length: int = 8192, concurrency: int = 32):
+                 response_length: int = 8192, concurrency: int = 256, model_path: Optional[str] = None):
         if max_turns < 0:
             raise InferenceError("--max-turns must be >= 0")
         if max_new_tokens < 1:
@@ -135,6 +135,10 @@ class Asker:
         self.search = {"max_turns": max_turns, "val_max_turns": max_turns, "topk": topk,
                        "max_turn_tokens": max_new_tokens, "max_obs_tokens": max_obs_tokens}
         self.temperature, self.response_length = temperature, response_length
+        if concurrency < 1:
+            raise InferenceError("--concurrency must be >= 1")
+        self.model_path = model_path  # its generation config names the end-of-turn tokens
+        self.concurrency = concurrency
         self._sem = asyncio.Semaphore(concurrency)
 
     async def ask(self, question: str) -> Result:
@@ -142,10 +146,11 @@ class Asker:
 
         messages = protocol.make_messages(question)  # raises on an empty question
         model_type = getattr(getattr(getattr(self.generator, "model", None), "config", None), "model_type", None)
-        loop = standalone_loop(self.tokenizer, self.generator, search=self.search, search_client=self.client,
-                               response_length=self.response_length, hf_model_type=model_type)
         params = {"temperature": self.temperature, "top_p": 1.0}
-        async with self._sem:
+        async with self._sem:  # the loop (and its state) exists only while the question is in flight
+            loop = standalone_loop(self.tokenizer, self.generator, search=self.search, search_client=self.client,
+                                   response_length=self.response_length, hf_model_type=model_type,
+                                   model_path=self.model_path)
             out = await loop.run(params, raw_prompt=messages)
         response = self.tokenizer.decode(out.response_ids)
         return Result(question=question, answer=protocol.extract_answer(response),

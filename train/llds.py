@@ -105,6 +105,25 @@ def llds_penalty_and_gate(old_log_prob, log_prob, advantages, response_mask, *, 
     return torch.where(open_, penalty, torch.zeros_like(penalty)), open_
 
 
+#: The sums and counts :func:`llds_stats` always emits besides the per-position ones, and the
+#: ratio each pair becomes (:func:`stats_ratios`).
+RATIOS = {
+    "d_mean_preserved": ("d_pos_sum", "n_pos"),
+    "d_mean_negative": ("d_neg_sum", "n_neg"),
+    "gated_action_frac": ("gated_actions", "n_actions"),
+    "gated_response_frac": ("gated_responses", "n_responses"),
+    "logp_pos_answer": ("logp_pos_answer_sum", "logp_pos_answer_n"),
+}
+
+
+def stat_keys(positions: int) -> list[str]:
+    """Every key :func:`llds_stats` returns for ``positions`` action positions, in order."""
+    keys = [k for pair in RATIOS.values() for k in pair]
+    for j in range(1, positions + 1):
+        keys += [f"logp_pos_a{j}_sum", f"logp_pos_a{j}_n"]
+    return keys
+
+
 @torch.no_grad()
 def llds_stats(
     old_log_prob: torch.Tensor,
@@ -115,14 +134,21 @@ def llds_stats(
     gate: str = "action",
     answer_mask: Optional[torch.Tensor] = None,
     open_gate: Optional[torch.Tensor] = None,
+    positions: int = 4,
 ) -> dict[str, float]:
-    """Death-spiral diagnostics for one batch (sums and counts; see :func:`merge_stats`).
+    """Death-spiral diagnostics for one micro-batch, as sums and counts (:func:`stats_ratios` turns
+    the totals over micro-batches and ranks into means).
 
+    The key set is fixed (:func:`stat_keys`): every micro-batch on every rank returns the same keys,
+    zeros where it has nothing to count, which verl's metric gathering across ranks requires.
     Keys: ``d_pos_sum``/``n_pos`` (d over preserved tokens), ``d_neg_sum``/``n_neg`` (d over
     negative-advantage tokens), ``gated_actions``/``n_actions``, ``gated_responses``/
-    ``n_responses`` (preserved ones), and ``logp_pos_a{k}_sum``/``logp_pos_a{k}_n``: log-prob of
-    positive-advantage tokens at action position k (1, 2, ...) and ``answer`` for the answer span.
+    ``n_responses`` (preserved ones), ``logp_pos_answer_sum``/``_n`` (log-prob of positive-advantage
+    tokens in the answer span) and ``logp_pos_a{k}_sum``/``_n`` for k = 1..``positions``: the same at
+    action position k of its response (actions after the last position are counted in the last).
     """
+    if positions < 1:
+        raise ValueError(f"llds_stats: positions must be >= 1, got {positions}")
     d = (old_log_prob - log_prob).float()
     resp = response_mask > 0
     preserved = preserved_mask(response_mask, advantages)
@@ -134,56 +160,53 @@ def llds_stats(
     gated_run = torch.zeros(ids.numel() + 1, dtype=torch.bool, device=d.device)
     gated_run[ids[open_]] = True
     rows = preserved.any(dim=-1)
-    names = ["d_pos_sum", "n_pos", "d_neg_sum", "n_neg", "gated_actions", "n_actions", "gated_responses",
-             "n_responses"]
-    values = [torch.where(preserved, d, 0.0).nansum(), preserved.sum(), torch.where(negative, d, 0.0).nansum(),
-              negative.sum(), gated_run[1:].sum(), starts.sum(), (open_.any(dim=-1) & rows).sum(), rows.sum()]
-
+    lp = log_prob.float()
     positive = resp & (advantages > 0)
+    ans = positive & (answer_mask > 0) if answer_mask is not None else torch.zeros_like(positive)
+    values = [torch.where(preserved, d, 0.0).nansum(), preserved.sum(),
+              torch.where(negative, d, 0.0).nansum(), negative.sum(),
+              gated_run[1:].sum(), starts.sum(),
+              (open_.any(dim=-1) & rows).sum(), rows.sum(),
+              torch.where(ans, lp, 0.0).nansum(), ans.sum()]
+
+    # Action position within its row: 1 for the first run, 2 for the second..., capped at `positions`.
     pos_ids = action_ids(positive)
-    # Action position within its row: 1 for the first run, 2 for the second...
     big = torch.full_like(pos_ids, torch.iinfo(torch.long).max)
     first_id = torch.where(positive, pos_ids, big).min(-1, keepdim=True).values
-    position = torch.where(positive, pos_ids - first_id + 1, torch.zeros_like(pos_ids))
-    lp = log_prob.float()
-    if answer_mask is not None:
-        ans = positive & (answer_mask > 0)
-        names += ["logp_pos_answer_sum", "logp_pos_answer_n"]
-        values += [torch.where(ans, lp, 0.0).nansum(), ans.sum()]
-    n_pos = int(position.max()) if position.numel() else 0
-    if n_pos:
-        k = torch.arange(1, n_pos + 1, device=d.device).view(-1, 1, 1)
-        sel = position.unsqueeze(0) == k  # [K, B, T]
-        sums = torch.where(sel, lp.unsqueeze(0), 0.0).nansum(dim=(1, 2))
-        counts = sel.sum(dim=(1, 2))
-        for j in range(n_pos):
-            names += [f"logp_pos_a{j + 1}_sum", f"logp_pos_a{j + 1}_n"]
-            values += [sums[j], counts[j]]
+    position = torch.where(positive, (pos_ids - first_id + 1).clamp(max=positions), torch.zeros_like(pos_ids))
+    k = torch.arange(1, positions + 1, device=d.device).view(-1, 1, 1)
+    sel = position.unsqueeze(0) == k  # [K, B, T]
+    sums = torch.where(sel, lp.unsqueeze(0), 0.0).nansum(dim=(1, 2))
+    counts = sel.sum(dim=(1, 2))
+    for j in range(positions):
+        values += [sums[j], counts[j]]
     flat = torch.stack([v.float() for v in values]).tolist()  # one host transfer
-    return dict(zip(names, flat))
+    return dict(zip(stat_keys(positions), flat))
 
 
-def merge_stats(stats: list[dict[str, float]]) -> dict[str, float]:
-    """Add up :func:`llds_stats` dicts (e.g. over micro-batches), then turn them into means."""
-    total: dict[str, float] = {}
-    for s in stats:
-        for k, v in s.items():
-            total[k] = total.get(k, 0.0) + v
+def stats_ratios(total: dict[str, float]) -> dict[str, float]:
+    """Totals of :func:`llds_stats` keys (summed over micro-batches, ranks, mini-batches) -> the
+    logged means, named ``d_mean_preserved``, ..., ``logp_pos_a{k}``; 0 where the count is 0."""
 
     def ratio(num: str, den: str) -> float:
         return total.get(num, 0.0) / total[den] if total.get(den) else 0.0
 
-    out = {
-        "llds/d_mean_preserved": ratio("d_pos_sum", "n_pos"),
-        "llds/d_mean_negative": ratio("d_neg_sum", "n_neg"),
-        "llds/gated_action_frac": ratio("gated_actions", "n_actions"),
-        "llds/gated_response_frac": ratio("gated_responses", "n_responses"),
-    }
-    for k in total:
-        if k.startswith("logp_pos_") and k.endswith("_sum"):
-            name = k[len("logp_pos_"): -len("_sum")]
-            out[f"llds/logp_pos_{name}"] = ratio(k, f"logp_pos_{name}_n")
+    out = {name: ratio(num, den) for name, (num, den) in RATIOS.items()}
+    for key in total:
+        if key.startswith("logp_pos_a") and key.endswith("_sum"):
+            name = key[: -len("_sum")]
+            out[name] = ratio(key, f"{name}_n")
     return out
+
+
+def merge_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """Add up :func:`llds_stats` dicts (e.g. over micro-batches), then turn them into means
+    (keys prefixed ``llds/``)."""
+    total: dict[str, float] = {}
+    for s in stats:
+        for k, v in s.items():
+            total[k] = total.get(k, 0.0) + v
+    return {f"llds/{k}": v for k, v in stats_ratios(total).items()}
 
 
 def adaptive_answer_weight(mean_valid_searches: float, rule: str = "paper", baseline: float = 2.0,

@@ -19,7 +19,11 @@ from typing import Any, Optional
 
 import torch
 
-from train.llds import GATES, adaptive_answer_weight, llds_penalty_and_gate, llds_stats, merge_stats
+from train.llds import GATES, adaptive_answer_weight, llds_penalty_and_gate, llds_stats, stats_ratios
+
+#: Prefix of the raw diagnostic sums and counts the loss emits (SUM-aggregated, the same keys on every
+#: micro-batch and rank); :func:`finish_llds_metrics` turns them into ratios once per step.
+RAW = "llds_raw/"
 
 
 @dataclass
@@ -78,7 +82,7 @@ def llds_term(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: to
     return cfg.lam * penalty.sum() / n * dp_size, open_
 
 
-def llds_ppo_loss(config, model_output, data, dp_group=None, *, llds: LLDSConfig):
+def llds_ppo_loss(config, model_output, data, dp_group=None, *, llds: LLDSConfig, positions: int = 4):
     """Signature of verl's loss functions: ``(config, model_output, data, dp_group)``."""
     from verl.utils.metric import AggregationType, Metric
     from verl.workers.utils.losses import ppo_loss
@@ -109,12 +113,28 @@ def llds_ppo_loss(config, model_output, data, dp_group=None, *, llds: LLDSConfig
     metrics["llds/penalty"] = Metric(value=term.detach(), aggregation=aggregation)
     metrics["llds/lambda"] = llds.lam
     metrics["llds/answer_weight"] = answer_weight
-    stats = merge_stats([llds_stats(old_log_prob, log_prob.detach(), advantages, response_mask,
-                                    gate=llds.gate, answer_mask=answer_mask, open_gate=open_)])
-    metrics.update(Metric.from_dict(stats, aggregation=AggregationType.MEAN))
+    # Sums and counts with a fixed key set: verl gathers each key's per-micro-batch values from every
+    # rank and refuses keys seen a different number of times on different ranks.
+    stats = llds_stats(old_log_prob, log_prob.detach(), advantages, response_mask, gate=llds.gate,
+                       answer_mask=answer_mask, open_gate=open_, positions=positions)
+    metrics.update(Metric.from_dict({RAW + k: v for k, v in stats.items()}, aggregation=AggregationType.SUM))
     return loss + term, metrics
 
 
-def make_actor_loss(actor_config, llds_config: LLDSConfig):
-    """What the driver passes to ``actor_rollout_wg.set_loss_fn``."""
-    return partial(llds_ppo_loss, config=actor_config, llds=llds_config)
+def finish_llds_metrics(metrics: dict, prefix: str = "actor/") -> dict:
+    """Replace the raw ``llds_raw/*`` sums and counts of one step (each a value or a list of
+    per-mini-batch values) with the logged ratios ``llds/d_mean_preserved``, ..., ``llds/logp_pos_a{k}``."""
+    raw = prefix + RAW
+    total = {}
+    for key in [k for k in metrics if k.startswith(raw)]:
+        v = metrics.pop(key)
+        total[key[len(raw):]] = float(sum(v) if isinstance(v, (list, tuple)) else v)
+    if total:
+        metrics.update({f"{prefix}llds/{k}": v for k, v in stats_ratios(total).items()})
+    return metrics
+
+
+def make_actor_loss(actor_config, llds_config: LLDSConfig, positions: int = 4):
+    """What the driver passes to ``actor_rollout_wg.set_loss_fn``; ``positions``: how many action
+    positions the per-position log-likelihood diagnostic tracks (max_turns + 1 generations)."""
+    return partial(llds_ppo_loss, config=actor_config, llds=llds_config, positions=positions)

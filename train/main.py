@@ -17,7 +17,7 @@ import socket
 
 import hydra
 import ray
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
@@ -34,6 +34,11 @@ def check_config(config: DictConfig) -> None:
 
     SearchConfig.from_config(OmegaConf.to_container(config.get("search_r1") or {}, resolve=True))
     llds = LLDSConfig.from_dict(OmegaConf.to_container(config.get("llds") or {}, resolve=True))
+    from train import checkpoints
+    from train.preflight import checkpoint_preflight
+
+    checkpoint_preflight(config.trainer.nnodes, config.trainer.default_local_dir)
+    checkpoints.check_config(OmegaConf.to_container(config.get("checkpoints") or {}, resolve=True))
     if config.trainer.get("use_v1", True):
         raise ValueError("trainer.use_v1 must be false: train.main drives verl's RayPPOTrainer")
     if llds.enable:
@@ -55,6 +60,7 @@ def search_metrics(batch) -> dict[str, list[float]]:
     nt = batch.non_tensor_batch
     out: dict[str, list[float]] = {}
     for key, name in (("num_searches", "searches"), ("num_valid_searches", "valid_searches"),
+                      ("num_failed_searches", "failed_searches"),
                       ("num_invalid_actions", "invalid_actions"), ("num_gen_turns", "gen_turns"),
                       ("search_failed", "search_failed")):
         if key in nt:
@@ -74,9 +80,24 @@ def make_trainer_class():
         """verl's trainer; only adds the agent statistics to each step's metrics."""
 
         def _update_actor(self, batch):
+            from train.loss import finish_llds_metrics
+
             out = super()._update_actor(batch)
-            out.meta_info.setdefault("metrics", {}).update(search_metrics(batch))
+            metrics = out.meta_info.setdefault("metrics", {})
+            finish_llds_metrics(metrics)
+            metrics.update(search_metrics(batch))
             return out
+
+        def _save_checkpoint(self):
+            from train import checkpoints
+
+            super()._save_checkpoint()
+            keep_last, keep_steps = checkpoints.check_config(
+                OmegaConf.to_container(self.config.get("checkpoints") or {}, resolve=True))
+            removed = checkpoints.prune(self.config.trainer.default_local_dir, keep_last, keep_steps)
+            if removed:
+                print(f"checkpoints: removed global_step_{removed} (checkpoints.keep_last={keep_last}, "
+                      f"keep_steps={keep_steps})", flush=True)
 
     return SearchR1Trainer
 
@@ -87,9 +108,13 @@ def install_llds_loss(trainer, config: DictConfig) -> None:
 
     from train.loss import LLDSConfig, make_actor_loss
 
+    from train.agent_loop import SearchConfig
+
     llds = LLDSConfig.from_dict(OmegaConf.to_container(config.get("llds") or {}, resolve=True))
+    search = SearchConfig.from_config(OmegaConf.to_container(config.get("search_r1") or {}, resolve=True))
     actor_cfg = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
-    trainer.actor_rollout_wg.set_loss_fn(make_actor_loss(actor_cfg, llds))
+    positions = max(search.max_turns, search.val_max_turns) + 1  # generations per trajectory, at most
+    trainer.actor_rollout_wg.set_loss_fn(make_actor_loss(actor_cfg, llds, positions=positions))
 
 
 @ray.remote(num_cpus=1)
@@ -166,13 +191,32 @@ def init_ray_for_cpu(config: DictConfig) -> None:
     ray.init(**init, num_gpus=slots, runtime_env=env)
 
 
+def forward_env_to_ray(config: DictConfig, keys) -> None:
+    """Copy these environment variables (when set) into the Ray runtime env, so that workers on every
+    node see them (a local Ray inherits the driver's environment; a running cluster does not)."""
+    env = {k: os.environ[k] for k in keys if os.environ.get(k) is not None}
+    if not env:
+        return
+    with open_dict(config):
+        init = config.ray_kwargs.setdefault("ray_init", {})
+        runtime_env = init.get("runtime_env") or {}
+        runtime_env = OmegaConf.to_container(runtime_env, resolve=True) if not isinstance(runtime_env, dict) \
+            else runtime_env
+        runtime_env.setdefault("env_vars", {}).update(env)
+        init["runtime_env"] = runtime_env
+
+
 @hydra.main(config_path=CONFIG_DIR, config_name="grpo_llds", version_base=None)
 def main(config: DictConfig) -> None:
     from verl.trainer.main_ppo import run_ppo
 
     from train import cpu
 
+    from train import preflight
+
     check_config(config)
+    preflight.run_all(config, cpu=cpu.enabled())
+    forward_env_to_ray(config, ("WANDB_MODE",))
     if cpu.enabled() and not ray.is_initialized():
         init_ray_for_cpu(config)
     run_ppo(config, task_runner_class=SearchR1TaskRunner)

@@ -1,0 +1,124 @@
+"""Checks that run in ``train.main`` before Ray starts, so a misconfigured run fails (or adapts)
+in seconds with the fix, not minutes later inside a worker.
+
+- wandb without an account: log offline, with a one-line notice (``wandb.init`` would otherwise raise
+  "No API key configured" at the start of ``fit()``).
+- multi-node: the checkpoint directory must be an absolute path that every node shares.
+- GPUs present but invisible to torch: almost always an NVIDIA driver older than the CUDA build of
+  torch needs (verl 0.9.1's vLLM extra resolves torch 2.11.0 built for CUDA 13: driver >= 580).
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+import shutil
+import subprocess
+from typing import Mapping, MutableMapping, Optional
+
+#: The CUDA major version of the torch that ``.[gpu]`` installs, and the driver it needs.
+TORCH_CUDA = "13"
+MIN_DRIVER = 580
+
+
+def _loggers(trainer_logger) -> list[str]:
+    if trainer_logger is None:
+        return []
+    if isinstance(trainer_logger, str):
+        return [trainer_logger]
+    return [str(x) for x in trainer_logger]
+
+
+def has_wandb_credentials(environ: Mapping[str, str]) -> bool:
+    if environ.get("WANDB_API_KEY"):
+        return True
+    path = environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        hosts = netrc.netrc(path).hosts
+    except (OSError, netrc.NetrcParseError):
+        return False
+    base = environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+    return base in hosts or "api.wandb.ai" in hosts
+
+
+def wandb_preflight(trainer_logger, environ: MutableMapping[str, str]) -> Optional[str]:
+    """Set ``WANDB_MODE=offline`` when wandb would need an account that is not configured; returns
+    the notice to print (None when nothing changed)."""
+    if "wandb" not in _loggers(trainer_logger):
+        return None
+    mode = environ.get("WANDB_MODE", "").strip().lower()
+    if mode in ("offline", "disabled", "dryrun") or has_wandb_credentials(environ):
+        return None
+    if mode == "online":
+        raise RuntimeError("WANDB_MODE=online but no wandb API key is configured (WANDB_API_KEY or `wandb login`). "
+                           "Log in, or unset WANDB_MODE to log offline (`wandb sync` uploads later).")
+    environ["WANDB_MODE"] = "offline"
+    return ("notice: no wandb API key (WANDB_API_KEY or `wandb login`): logging to wandb offline under ./wandb "
+            "(upload later with `wandb sync wandb/offline-run-*`; WANDB_MODE=disabled turns it off).")
+
+
+def checkpoint_preflight(nnodes: int, default_local_dir: str) -> None:
+    """Multi-node runs write FSDP shards from every node into ``default_local_dir``: a relative path
+    lands in each node's own working dir, so resume and merge would find only a part of them."""
+    if int(nnodes) > 1 and not os.path.isabs(str(default_local_dir)):
+        raise ValueError(
+            f"trainer.nnodes={nnodes} needs trainer.default_local_dir to be an absolute path on storage that "
+            f"every node shares (e.g. an NFS or Lustre mount); got {default_local_dir!r}, which each node would "
+            f"resolve inside its own working directory")
+
+
+def _nvidia_gpus() -> list[str]:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line for line in out.splitlines() if line.startswith("GPU ")]
+
+
+def _driver_version() -> Optional[str]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[0] if out else None
+
+
+def cuda_preflight(gpus: Optional[list[str]] = None, cuda_available: Optional[bool] = None,
+                   torch_cuda: Optional[str] = None, driver: Optional[str] = None) -> None:
+    """Raise with the fix when the machine has NVIDIA GPUs that torch cannot use."""
+    gpus = _nvidia_gpus() if gpus is None else gpus
+    if not gpus:
+        return
+    if cuda_available is None or torch_cuda is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available() if cuda_available is None else cuda_available
+        torch_cuda = torch.version.cuda if torch_cuda is None else torch_cuda
+    if cuda_available:
+        return
+    driver = driver or _driver_version() or "unknown"
+    if torch_cuda is None:
+        raise RuntimeError(f"nvidia-smi lists {len(gpus)} GPU(s) but the installed torch is a CPU build. "
+                           "Install the GPU stack: pip install -e '.[gpu]' (torch 2.11.0 + vLLM 0.24.0).")
+    raise RuntimeError(
+        f"nvidia-smi lists {len(gpus)} GPU(s) but torch (CUDA {torch_cuda}) sees none: NVIDIA driver {driver} is "
+        f"too old for it. torch {TORCH_CUDA}.x builds (what verl 0.9.1's vLLM extra installs) need driver >= "
+        f"{MIN_DRIVER}; update the driver (see the README, 'Install on GPU machines').")
+
+
+def run_all(config, environ: MutableMapping[str, str] = os.environ, cpu: bool = False) -> list[str]:
+    """Every check for a training config; returns the notices printed."""
+    notices = []
+    notice = wandb_preflight(config.trainer.get("logger"), environ)
+    if notice:
+        notices.append(notice)
+    checkpoint_preflight(config.trainer.nnodes, config.trainer.default_local_dir)
+    if not cpu:
+        cuda_preflight()
+    for n in notices:
+        print(n, flush=True)
+    return notices
