@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # torch is pinned in the same pip command as everything else (the CPU build; see ci/constraints.txt).
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c ci/constraints.txt
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast demo bench check-gpu-install clean
 
 install: $(STAMP)
 
@@ -25,6 +25,11 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	bash scripts/demo.sh
+
+# Resolve the GPU install (.[gpu,lucene,dev], Linux x86_64) without installing it and check it:
+# one FAISS (the GPU build), torch 2.11.0 + vLLM 0.24.0, the presets' attention backend. Needs PyPI.
+check-gpu-install: $(STAMP)
+	$(PY) scripts/check_gpu_install.py
 
 bench: $(STAMP)
 	$(PY) bench/bench_retrieval.py

@@ -473,3 +473,15 @@ def test_batches_can_reach_max_batch_beyond_64_requests():
     finally:
         server.close()
         app.batcher.close()
+
+
+def test_wandb_mode_reaches_ray_workers_through_the_runtime_env(tiny_model_dir, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from train.main import forward_env_to_ray
+
+    cfg = load("grpo_llds", tiny_model_dir)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    forward_env_to_ray(cfg, ("WANDB_MODE",))
+    env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env)
+    assert env["env_vars"]["WANDB_MODE"] == "offline"
