@@ -16,10 +16,18 @@ check_retriever() {  # fail early, with the fix, when the retriever is not up
   fi
 }
 
+geometry() {  # preset -> overrides giving 10 updates per rollout batch on N_GPUS x NNODES ranks
+  local ranks=$((N_GPUS * NNODES))
+  # the presets' 520 / 52 prompts x 5 = 260 trajectories per mini-batch split over 1, 2, 4 ranks
+  if [ "$1" != ppo ] && [ $((260 % ranks)) -ne 0 ]; then "$PY" -m train.geometry --ranks "$ranks"; fi
+}
+
 run_preset() {  # preset, extra hydra overrides...
   local preset=$1; shift
   check_retriever
-  exec "$PY" -m train.main --config-name "$preset" \
+  local geom; geom=$(geometry "$preset")
+  # shellcheck disable=SC2086
+  exec "$PY" -m train.main --config-name "$preset" $geom \
     actor_rollout_ref.model.path="$MODEL" \
     data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/val_sample.parquet" \
     trainer.n_gpus_per_node="$N_GPUS" trainer.nnodes="$NNODES" \

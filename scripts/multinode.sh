@@ -46,9 +46,11 @@ print("\n".join(f"{h}: retriever {s}, missing paths {m or 'none'}" for h, s, m i
 bad = [r for r in res if r[1] != 200 or r[2]]
 sys.exit(f"error: retriever unreachable or shared paths missing on {[r[0] for r in bad]}" if bad else 0)
 PYEOF
+    GEOM=$(geometry "${PRESET:-grpo_llds}")
+    # shellcheck disable=SC2086
     exec ray job submit --address="http://127.0.0.1:8265" --working-dir . \
       --runtime-env-json "{\"excludes\": $EXCLUDES}" -- \
-      python -m train.main --config-name "${PRESET:-grpo_llds}" \
+      python -m train.main --config-name "${PRESET:-grpo_llds}" $GEOM \
       actor_rollout_ref.model.path="$MODEL" data.train_files="$DATA_DIR/train.parquet" \
       data.val_files="$DATA_DIR/val_sample.parquet" trainer.n_gpus_per_node="$N_GPUS" trainer.nnodes="$NNODES" \
       trainer.default_local_dir="$CKPT_DIR" search_r1.retriever_url="$RETRIEVER_URL" "$@" ;;

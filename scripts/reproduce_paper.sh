@@ -1,20 +1,34 @@
 #!/usr/bin/env bash
-# The whole reproduction for one model and method; each stage skips what is already done.
-#   MODEL=Qwen/Qwen2.5-3B-Instruct PRESET=grpo_llds STEP=650 PAPER_ROW="3B-Ins GRPO+LLDS" bash scripts/reproduce_paper.sh
+# The whole reproduction of one row of the paper's table; each stage skips what is already done.
+#   MODEL=Qwen/Qwen2.5-3B-Instruct PRESET=grpo_llds bash scripts/reproduce_paper.sh [hydra overrides...]
+# MODEL and PRESET pick the row of data/paper_results.json, the checkpoint step the paper evaluated
+# and LLDS's lambda from one table (train/paper_runs.py: 7B-Instruct lambda 0.3, else 0.2; step 650
+# 3B-Ins, 600 3B-Base, 450 7B-Base, 650 7B-Ins). Baseline rows (grpo, ppo) have no fixed step: set STEP.
+# STEP, LAMBDA and PAPER_ROW in the environment override the table.
 # Stages: wiki-18 + indexes -> FlashRAG data -> retriever (e5 flat on GPUs) -> training -> merge the
 # chosen checkpoint to HF format -> evaluation table beside the paper's row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_common.sh
 PRESET=${PRESET:-grpo_llds}
-STEP=${STEP:-650}
+USER_ROW=${PAPER_ROW:-}
+RUN=$("$PY" -m train.paper_runs "$MODEL" "$PRESET") || exit 2
+eval "$RUN"
+STEP=${STEP:-$PAPER_STEP}
+LAMBDA=${LAMBDA:-$PAPER_LAMBDA}
+PAPER_ROW=${USER_ROW:-$PAPER_ROW}
+if [ -z "$STEP" ]; then
+  echo "error: the paper's $PAPER_ROW row is the best checkpoint before collapse (no fixed step); set STEP=<step>" >&2
+  exit 2
+fi
 WIKI18=${WIKI18:-data/wiki18}
 EXP=${EXP:-${PRESET}_$(basename "$MODEL")}
-CKPT_DIR=checkpoints/search_r1_llds/$EXP
-PAPER_ROW=${PAPER_ROW:-}
+CKPT_DIR=${CKPT_DIR:-checkpoints/search_r1_llds/$EXP}
+echo "reproducing '$PAPER_ROW': $MODEL, preset $PRESET, evaluated at step $STEP${LAMBDA:+, lambda $LAMBDA}"
 
 [ -f "$WIKI18/e5_Flat.index" ] && [ -f "$WIKI18/wiki-18.jsonl" ] || bash scripts/download_wiki18.sh "$WIKI18" corpus,e5
-[ -f "$DATA_DIR/train.parquet" ] && [ -f "$DATA_DIR/test.parquet" ] || bash scripts/download_data.sh
+[ -f "$DATA_DIR/train.parquet" ] && [ -f "$DATA_DIR/test.parquet" ] && [ -f "$DATA_DIR/val_sample.parquet" ] \
+  || bash scripts/download_data.sh
 
 base=${RETRIEVER_URL%/retrieve}
 if ! "$PY" -m retrieval.client "$base"; then
@@ -25,8 +39,9 @@ if ! "$PY" -m retrieval.client "$base"; then
 fi
 
 if [ ! -d "$CKPT_DIR/global_step_$STEP" ]; then
-  (source scripts/_common.sh; run_preset "$PRESET" trainer.experiment_name="$EXP" \
-     trainer.default_local_dir="$CKPT_DIR" "checkpoints.keep_steps=[$STEP]" "$@")
+  EXTRA=(trainer.experiment_name="$EXP" trainer.default_local_dir="$CKPT_DIR" "checkpoints.keep_steps=[$STEP]")
+  [ -n "$LAMBDA" ] && EXTRA+=("llds.lambda=$LAMBDA")
+  (source scripts/_common.sh; run_preset "$PRESET" "${EXTRA[@]}" "$@")
 fi
 
 HF_DIR=$CKPT_DIR/global_step_$STEP/hf
@@ -34,5 +49,4 @@ if [ ! -f "$HF_DIR/config.json" ]; then
   "$PY" -m verl.model_merger merge --backend fsdp --local_dir "$CKPT_DIR/global_step_$STEP/actor" --target_dir "$HF_DIR"
 fi
 
-ARGS=(); [ -n "$PAPER_ROW" ] && ARGS=(--paper-row "$PAPER_ROW")
-bash scripts/evaluate.sh "$HF_DIR" --out "runs/eval/$EXP-step$STEP.jsonl" "${ARGS[@]}"
+bash scripts/evaluate.sh "$HF_DIR" --out "runs/eval/$EXP-step$STEP.jsonl" --paper-row "$PAPER_ROW"

@@ -114,9 +114,47 @@ def test_length_budget_mid_observation(tiny_tokenizer):
     assert out.extra_fields["stop_reason"] == "length"
 
 
-def test_eos_and_retriever_down(tiny_tokenizer):
-    out, _ = run(tiny_tokenizer, ["no tags<EOS>"])
-    assert out.extra_fields["stop_reason"] == "eos" and out.extra_fields["num_invalid_actions"] == 1
+def test_invalid_turn_ending_in_eos_goes_on_without_the_eos(tiny_tokenizer):
+    """The released loop: the invalid-action message is appended and generation continues up to
+    max_turns; the EOS of the invalid turn is not kept in the trajectory."""
+    eos = tiny_tokenizer.eos_token_id
+    out, mgr = run(tiny_tokenizer, ["no tags<EOS>", "<search> q </search>", "still none<EOS>",
+                                    "<answer> a </answer>"], search_cfg={"max_turns": 3})
+    e = out.extra_fields
+    assert e["stop_reason"] == "answer" and e["num_gen_turns"] == 4 and e["num_invalid_actions"] == 2
+    assert e["num_eos_dropped"] == 2 and eos not in out.response_ids
+    segs = segments(tiny_tokenizer, out)
+    assert segs[0] == ("model", "no tags") and segs[1] == ("observation", P.INVALID_ACTION_MESSAGE)
+    assert segs[4] == ("model", "still none")
+    # token-in/token-out: the next prompt holds exactly the kept tokens (no EOS) + the message
+    kept = tiny_tokenizer.encode("no tags", add_special_tokens=False)
+    assert mgr.calls[1][0][len(mgr.calls[0][0]):] == kept + tiny_tokenizer.encode(P.INVALID_ACTION_MESSAGE,
+                                                                                    add_special_tokens=False)
+    # the last generation ends the trajectory whatever it is; there the EOS is kept
+    out, _ = run(tiny_tokenizer, ["none<EOS>", "none again<EOS>"], search_cfg={"max_turns": 1})
+    assert out.extra_fields["stop_reason"] == "eos" and out.response_ids[-1] == eos
+    assert out.extra_fields["num_gen_turns"] == 2
+
+
+def test_valid_search_count_for_llds_ma(tiny_tokenizer):
+    """V counts parsed <search> actions by default (the released code), the unexecuted one in the
+    last generation included; "executed" counts searches that ran."""
+    import numpy as np
+    import torch
+    from verl import DataProto
+
+    out, _ = run(tiny_tokenizer, ["<search>a</search>", "<search>b</search>"], search_cfg={"max_turns": 1})
+    e = out.extra_fields
+    assert e["num_searches"] == 2 and e["num_valid_searches"] == 1
+    dp = lambda: DataProto.from_dict(
+        tensors={"responses": torch.zeros(2, 3, dtype=torch.long), "response_mask": torch.ones(2, 3)},
+        non_tensors={"answer_mask": np.array([[0], [0]], dtype=object),
+                     "num_searches": np.array([2, 3], dtype=object), "num_valid_searches": np.array([1, 2], dtype=object)})
+    assert add_search_tensors(dp()).batch["batch_valid_searches"].tolist() == [2.5, 2.5]
+    assert add_search_tensors(dp(), "executed").batch["batch_valid_searches"].tolist() == [1.5, 1.5]
+
+
+def test_retriever_down(tiny_tokenizer):
     out, _ = run(tiny_tokenizer, ["<search>q</search>", "<answer>a</answer>"], FakeSearch(fail=True))
     assert P.SEARCH_FAILED_TEXT in tiny_tokenizer.decode(out.response_ids)
     assert out.extra_fields["search_failed"] is True and out.extra_fields["num_valid_searches"] == 0
@@ -155,7 +193,7 @@ def test_add_search_tensors_pads_into_batch():
                                       "response_mask": torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])},
                              non_tensors={"answer_mask": np.array([[0, 0, 1, 1], [1, 1]], dtype=object),
                                           "num_valid_searches": np.array([1, 2], dtype=object)})
-    out = add_search_tensors(dp)
+    out = add_search_tensors(dp, "executed")
     assert out.batch["answer_mask"].tolist() == [[0, 0, 1, 1, 0], [1, 1, 0, 0, 0]]
     assert out.batch["batch_valid_searches"].tolist() == [1.5, 1.5]
 

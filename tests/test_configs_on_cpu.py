@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 
 from train.main import CONFIG_DIR, check_config
 
-PRESETS = ["grpo", "grpo_llds", "grpo_llds_r", "grpo_llds_ma", "ppo"]
+PRESETS = ["grpo", "grpo_llds", "grpo_llds_r", "grpo_llds_ma", "gspo_llds", "ppo"]
 
 
 MODEL = {}
@@ -29,9 +29,11 @@ def test_preset_composes_and_validates(name):
     check_config(cfg)
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "search_r1"
     assert cfg.reward.custom_reward_function.path == "pkg://train.reward"
-    assert cfg.search_r1.topk == 3 and cfg.search_r1.max_turns == 3 and cfg.search_r1.val_max_turns == 4
+    assert cfg.search_r1.topk == 3 and cfg.search_r1.val_max_turns == 4
+    assert cfg.search_r1.max_turns == (4 if name == "ppo" else 3)
     assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6 and cfg.trainer.total_training_steps == 1005
-    assert cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 8
+    updates = cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    assert updates == (2 if name == "ppo" else 10)
 
 
 def test_preset_values():
@@ -42,13 +44,15 @@ def test_preset_values():
     assert load("grpo_llds_ma").llds.answer_weight == "adaptive"
     p = load("ppo")
     assert p.algorithm.adv_estimator == "gae" and p.actor_rollout_ref.rollout.n == 1
+    g = load("gspo_llds")
+    assert g.actor_rollout_ref.actor.policy_loss.loss_mode == "gspo" and g.llds.gate == "action"
 
 
 def test_bad_values_are_named():
     with pytest.raises(ValueError, match="llds.gate"):
         check_config(load("grpo_llds", ["llds.gate=chunk"]))
     with pytest.raises(ValueError, match=">= 2 optimizer updates"):
-        check_config(load("grpo_llds", ["actor_rollout_ref.actor.ppo_mini_batch_size=512"]))
+        check_config(load("grpo_llds", ["actor_rollout_ref.actor.ppo_mini_batch_size=520"]))
     with pytest.raises(ValueError, match="unknown search_r1"):
         check_config(load("grpo", ["+search_r1.top_k=3"]))
     with pytest.raises(ValueError, match="use_v1"):

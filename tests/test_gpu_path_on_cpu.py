@@ -248,7 +248,10 @@ def test_manager_aborts_a_step_of_failed_searches(tiny_tokenizer):
 def test_multinode_needs_absolute_shared_checkpoint_dir(tiny_model_dir):
     with pytest.raises(ValueError, match="absolute path"):
         check_config(load("grpo_llds", tiny_model_dir, ["trainer.nnodes=2"]))
-    check_config(load("grpo_llds", tiny_model_dir, ["trainer.nnodes=2", "trainer.default_local_dir=/shared/ckpt"]))
+    check_config(load("grpo_llds", tiny_model_dir, ["trainer.nnodes=2", "trainer.n_gpus_per_node=2",
+                                                    "trainer.default_local_dir=/shared/ckpt"]))
+    with pytest.raises(ValueError, match="absolute path"):  # the checkpoint check comes first
+        check_config(load("grpo_llds", tiny_model_dir, ["trainer.nnodes=3"]))
     check_config(load("grpo_llds", tiny_model_dir))  # one node: relative is fine
 
 
@@ -341,9 +344,13 @@ def test_generation_config_eos_ids_end_a_turn(tmp_path, tiny_model_dir, tiny_tok
             search_client=FakeSearch(), model_path=path)
         return await loop_.run({"temperature": 1.0}, raw_prompt=QUESTION)
 
-    assert asyncio.run(go(str(model_dir))).extra_fields["stop_reason"] == "eos"
-    # with the tokenizer's EOS only, <|endoftext|> does not end the trajectory
-    assert asyncio.run(go(None)).extra_fields["stop_reason"] != "eos"
+    # recognised as an end of turn: an invalid turn's EOS is dropped and the trajectory goes on
+    # (train/agent_loop.py), and the last generation ends with it
+    out = asyncio.run(go(str(model_dir)))
+    assert out.extra_fields["num_eos_dropped"] == 3 and out.extra_fields["stop_reason"] == "eos"
+    # with the tokenizer's EOS only, <|endoftext|> is just another token
+    out = asyncio.run(go(None))
+    assert out.extra_fields["num_eos_dropped"] == 0 and out.extra_fields["stop_reason"] == "max_turns"
 
 
 # 11. validation sample -------------------------------------------------------------------------------

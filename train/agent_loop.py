@@ -212,7 +212,7 @@ class SearchR1AgentLoop(AgentLoopBase):
         logprobs: list[float] = []
         have_logprobs = bool(sampling_params.get("logprobs"))
         answer_len = 0
-        n_search = n_executed = n_failed = n_invalid = n_answer = n_turns = 0
+        n_search = n_executed = n_failed = n_invalid = n_answer = n_turns = n_eos_dropped = 0
         search_failed = False
         stop_reason = "max_turns"
         for turn in range(max_turns + 1):
@@ -225,13 +225,19 @@ class SearchR1AgentLoop(AgentLoopBase):
             out = await self.server_manager.generate(request_id=request_id, prompt_ids=prompt_ids + response_ids,
                                                      sampling_params=params)
             ids = cut_after_stop(self.tokenizer, list(out.token_ids))[:budget]
+            action = protocol.parse_turn(self.tokenizer.decode(ids))
+            if action.kind not in ("answer", "search") and ids and ids[-1] in eos and turn < max_turns:
+                # As the released loop: an invalid turn that ended in EOS gets the invalid-action
+                # message and the trajectory goes on; the EOS is dropped (the policy is trained to
+                # continue here, not to end).
+                ids = ids[:-1]
+                n_eos_dropped += 1
             n_turns += 1
             response_ids += ids
             response_mask += [1] * len(ids)
             if have_logprobs:
                 lp = list(out.log_probs or [])[: len(ids)]
                 logprobs += lp + [0.0] * (len(ids) - len(lp))
-            action = protocol.parse_turn(self.tokenizer.decode(ids))
             if action.kind == "answer":
                 n_answer += 1
                 answer_len = answer_token_span(self.tokenizer, ids)
@@ -241,7 +247,7 @@ class SearchR1AgentLoop(AgentLoopBase):
                 n_search += 1
             else:
                 n_invalid += 1
-            if ids and ids[-1] in eos and action.kind != "search":
+            if ids and ids[-1] in eos and action.kind != "search":  # the last generation ended in EOS
                 stop_reason = "eos"
                 break
             if turn == max_turns:
@@ -272,8 +278,9 @@ class SearchR1AgentLoop(AgentLoopBase):
             answer_mask[len(response_ids) - answer_len:] = [1] * answer_len
         extra = {
             "answer_mask": answer_mask,
-            "num_searches": n_search,
+            "num_searches": n_search,  # <search> actions, an unexecuted one in the last generation too
             "num_valid_searches": n_executed,  # searches run and answered by the retriever
+            "num_eos_dropped": n_eos_dropped,  # invalid turns that ended in EOS and went on
             "num_failed_searches": n_failed,  # searches sent that got the failure observation
             "num_valid_actions": n_search + n_answer,
             "num_invalid_actions": n_invalid,
@@ -292,9 +299,15 @@ class SearchR1AgentLoop(AgentLoopBase):
         )
 
 
-def add_search_tensors(output) -> Any:
+#: What V (the adaptive LLDS-MA weight's "valid searches") counts per trajectory: ``parsed`` = every
+#: ``<search>`` action, an unexecuted one in the last generation included (the released code);
+#: ``executed`` = searches that ran and the retriever answered.
+VALID_SEARCH_FIELDS = {"parsed": "num_searches", "executed": "num_valid_searches"}
+
+
+def add_search_tensors(output, valid_search_count: str = "parsed") -> Any:
     """Pad the per-trajectory ``answer_mask`` lists into an ``[B, R]`` tensor (like ``responses``)
-    and add ``batch_valid_searches`` ``[B]`` (the batch mean, for the adaptive LLDS-MA weight)."""
+    and add ``batch_valid_searches`` ``[B]`` (the batch mean V, for the adaptive LLDS-MA weight)."""
     nt = output.non_tensor_batch
     if "answer_mask" not in nt:
         return output
@@ -304,7 +317,8 @@ def add_search_tensors(output) -> Any:
         m = list(m or [])[:R]
         mask[i, : len(m)] = torch.tensor(m, dtype=torch.int64)
     output.batch["answer_mask"] = mask * output.batch["response_mask"].to(torch.int64)
-    valid = np.asarray([float(v or 0) for v in nt.get("num_valid_searches", [0] * B)], dtype=np.float32)
+    field = VALID_SEARCH_FIELDS[valid_search_count]
+    valid = np.asarray([float(v or 0) for v in nt.get(field, [0] * B)], dtype=np.float32)
     output.batch["batch_valid_searches"] = torch.full((B,), float(valid.mean()) if B else 0.0)
     return output
 
@@ -323,7 +337,8 @@ class SearchR1AgentLoopManager(AgentLoopManager):
         failed = int(sum(int(v or 0) for v in nt.get("num_failed_searches", [])))
         sent = failed + int(sum(int(v or 0) for v in nt.get("num_valid_searches", [])))
         check_failure_rate(sent, failed, search.max_failure_rate, search.retriever_url)
-        return add_search_tensors(out)
+        llds = self.config.get("llds") or {}
+        return add_search_tensors(out, llds.get("valid_search_count", "parsed"))
 
 
 def standalone_loop(tokenizer, server_manager, *, search: Optional[dict] = None, response_length: int = 4096,

@@ -37,6 +37,8 @@ class LLDSConfig:
     adaptive_rule: str = "paper"
     valid_search_baseline: float = 2.0
     answer_lambda: float = 0.2  # the released code's answer coefficient (rule "released")
+    # What V counts: "parsed" <search> actions (the released code) or "executed" searches.
+    valid_search_count: str = "parsed"
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> "LLDSConfig":
@@ -58,6 +60,8 @@ class LLDSConfig:
         if self.answer_weight != "adaptive" and not (
                 isinstance(self.answer_weight, (int, float)) and self.answer_weight >= 0):
             raise ValueError(f"llds.answer_weight must be a number >= 0 or 'adaptive', got {self.answer_weight!r}")
+        if self.valid_search_count not in ("parsed", "executed"):
+            raise ValueError(f"llds.valid_search_count must be 'parsed' or 'executed', got {self.valid_search_count!r}")
         if self.adaptive_rule not in ("paper", "released"):
             raise ValueError(f"llds.adaptive_rule must be 'paper' or 'released', got {self.adaptive_rule!r}")
 

@@ -41,6 +41,12 @@ def check_config(config: DictConfig) -> None:
     checkpoints.check_config(OmegaConf.to_container(config.get("checkpoints") or {}, resolve=True))
     if config.trainer.get("use_v1", True):
         raise ValueError("trainer.use_v1 must be false: train.main drives verl's RayPPOTrainer")
+    from train.geometry import check_split
+
+    actor = config.actor_rollout_ref.actor
+    ranks = config.trainer.n_gpus_per_node * config.trainer.nnodes
+    check_split(config.data.train_batch_size, actor.ppo_mini_batch_size, config.actor_rollout_ref.rollout.n, ranks,
+                actor.get("ppo_micro_batch_size_per_gpu"), bool(actor.get("use_dynamic_bsz")))
     if llds.enable:
         n = config.actor_rollout_ref.rollout.n
         updates = config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size
