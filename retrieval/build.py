@@ -13,7 +13,9 @@ directory gets ``manifest.json`` (kind, encoder spec, dim, count, corpus path, f
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import sys
 import os
 import time
 from pathlib import Path
@@ -21,10 +23,55 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from retrieval.corpus import CorpusStore
+from retrieval.corpus import CorpusError, CorpusStore, content_sha256, fingerprint
 from retrieval.index import MANIFEST, BM25Index, DenseIndex
 
 PROGRESS = "progress.json"
+
+
+class BuildError(ValueError):
+    """The corpus or the index directory cannot be used; the message names the file."""
+
+
+def open_corpus(corpus: str, out_dir: Path, limit: int | None, progress: bool) -> tuple[CorpusStore, int]:
+    store = CorpusStore(corpus, out_dir / "offsets.npy", progress=progress)
+    n = len(store) if limit is None else min(limit, len(store))
+    if n == 0:
+        raise BuildError(f"{corpus}: the corpus has no passages (empty, or blank lines only)")
+    return store, n
+
+
+def scan(store: CorpusStore, n: int, *, strict: bool = False, progress: bool = True) -> int:
+    """Read every row once before any encoding: a malformed row fails now, naming its line (not hours
+    into the encoding). Duplicate passage ids: a warning with the count, an error with ``strict``.
+    Returns the number of duplicate ids."""
+    ids = np.empty(n, dtype=np.int64)
+    for row in tqdm(range(n), desc="checking corpus", unit="psg", disable=not progress):
+        ids[row] = hash(store.get(row)["id"])
+    dup = n - len(np.unique(ids))
+    if dup:
+        msg = f"{store.path}: {dup} passages repeat an id used earlier in the file"
+        if strict:
+            raise BuildError(msg + " (--strict)")
+        print(f"warning: {msg}; results are still returned by row, but ids are ambiguous", flush=True)
+    return dup
+
+
+def _read_progress(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        state = json.loads(path.read_text())
+        if not isinstance(state, dict):
+            raise ValueError("not an object")
+        return state
+    except (ValueError, UnicodeDecodeError) as e:
+        print(f"warning: {path} is unreadable ({e}); encoding starts over", flush=True)
+        return {}
+
+
+def _tail_sha(emb: np.ndarray, start: int, end: int) -> str:
+    return hashlib.sha256(np.ascontiguousarray(emb[start:end]).tobytes()).hexdigest()
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -35,21 +82,36 @@ def _write_json(path: Path, obj: dict) -> None:
 
 def build_dense(corpus: str, out: str, *, encoder: str = "minilm", factory: str = "Flat", batch_size: int = 256,
                 max_length: int = 256, pooling: str | None = None, device: str | None = None,
-                limit: int | None = None, progress: bool = True) -> Path:
+                limit: int | None = None, progress: bool = True, strict: bool = False) -> Path:
     from retrieval.encoder import Encoder, spec_for
 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    store = CorpusStore(corpus, out_dir / "offsets.npy", progress=progress)
-    n = len(store) if limit is None else min(limit, len(store))
+    store, n = open_corpus(corpus, out_dir, limit, progress)
+    scan(store, n, strict=strict, progress=progress)
     spec = spec_for(encoder, max_length=max_length, pooling=pooling)
     enc = Encoder(spec, device=device)
     emb_path = out_dir / "embeddings.f32"
     state_path = out_dir / PROGRESS
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-    key = {"corpus": str(Path(corpus).resolve()), "n": n, "dim": enc.dim, "encoder": spec.to_dict()}
-    done = state.get("done", 0) if state.get("key") == key else 0
-    mode = "r+" if done and emb_path.is_file() else "w+"
+    state = _read_progress(state_path)
+    # The resume key: the corpus content (an edited passage changes it), the rows and the encoder.
+    key = {"corpus": str(Path(corpus).resolve()), "sha256": content_sha256(corpus, progress=progress), "n": n,
+           "dim": enc.dim, "encoder": spec.to_dict()}
+    done = int(state.get("done", 0)) if state.get("key") == key else 0
+    if state and state.get("key") != key and state.get("done"):
+        print(f"note: {state_path} is for another corpus or encoder; encoding starts over", flush=True)
+    if done:  # trust the vectors on disk, not progress.json: size and the last batch's checksum
+        expected = n * enc.dim * 4
+        size = emb_path.stat().st_size if emb_path.is_file() else -1
+        tail = state.get("tail")
+        if size != expected:
+            print(f"note: {emb_path} is {max(size, 0)} bytes, expected {expected}; encoding starts over", flush=True)
+            done = 0
+        elif not tail or _tail_sha(np.memmap(emb_path, dtype=np.float32, mode="r", shape=(n, enc.dim)),
+                                   tail[0], tail[1]) != tail[2]:
+            print(f"note: the vectors in {emb_path} do not match {state_path}; encoding starts over", flush=True)
+            done = 0
+    mode = "r+" if done else "w+"
     emb = np.memmap(emb_path, dtype=np.float32, mode=mode, shape=(n, enc.dim))
     t0 = time.perf_counter()
     with tqdm(total=n, initial=done, unit="psg", desc="encoding", disable=not progress) as bar:
@@ -59,27 +121,30 @@ def build_dense(corpus: str, out: str, *, encoder: str = "minilm", factory: str 
             emb[start: start + len(texts)] = enc.encode(texts, is_query=False)
             done = start + len(texts)
             emb.flush()
-            _write_json(state_path, {"key": key, "done": done})
+            _write_json(state_path, {"key": key, "done": done, "tail": [start, done, _tail_sha(emb, start, done)]})
             bar.update(len(texts))
     encode_s = time.perf_counter() - t0
     index = DenseIndex.build(factory, np.asarray(emb))
     index.save(out_dir / "index.faiss")
     _write_json(out_dir / MANIFEST, {
         "kind": "dense", "encoder": spec.to_dict(), "dim": enc.dim, "count": n, "factory": factory,
-        "corpus": str(Path(corpus).resolve()), "encode_seconds": round(encode_s, 3),
+        "corpus": str(Path(corpus).resolve()), "fingerprint": fingerprint(corpus, len(store)),
+        "encode_seconds": round(encode_s, 3),
     })
     del emb
     return out_dir
 
 
-def build_bm25(corpus: str, out: str, *, limit: int | None = None, progress: bool = True) -> Path:
+def build_bm25(corpus: str, out: str, *, limit: int | None = None, progress: bool = True,
+               strict: bool = False) -> Path:
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    store = CorpusStore(corpus, out_dir / "offsets.npy", progress=progress)
-    n = len(store) if limit is None else min(limit, len(store))
+    store, n = open_corpus(corpus, out_dir, limit, progress)
+    scan(store, n, strict=strict, progress=progress)
     texts = [store.get(r)["contents"] for r in tqdm(range(n), desc="reading", disable=not progress)]
     BM25Index.build(texts).save(out_dir / "bm25")
-    _write_json(out_dir / MANIFEST, {"kind": "bm25", "count": n, "corpus": str(Path(corpus).resolve())})
+    _write_json(out_dir / MANIFEST, {"kind": "bm25", "count": n, "corpus": str(Path(corpus).resolve()),
+                                     "fingerprint": fingerprint(corpus, len(store))})
     return out_dir
 
 
@@ -96,17 +161,22 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--device", default=None)
     ap.add_argument("--limit", type=int, default=None, help="index only the first N passages")
+    ap.add_argument("--strict", action="store_true", help="duplicate passage ids are an error (default: a warning)")
     args = ap.parse_args(argv)
     if not Path(args.corpus).is_file():
         ap.error(f"--corpus: file not found: {args.corpus}")
     if args.batch_size < 1:
         ap.error("--batch-size must be >= 1")
-    if args.kind == "bm25":
-        out = build_bm25(args.corpus, args.out, limit=args.limit)
-    else:
-        out = build_dense(args.corpus, args.out, encoder=args.encoder, factory=args.factory,
-                          batch_size=args.batch_size, max_length=args.max_length, pooling=args.pooling,
-                          device=args.device, limit=args.limit)
+    try:
+        if args.kind == "bm25":
+            out = build_bm25(args.corpus, args.out, limit=args.limit, strict=args.strict)
+        else:
+            out = build_dense(args.corpus, args.out, encoder=args.encoder, factory=args.factory,
+                              batch_size=args.batch_size, max_length=args.max_length, pooling=args.pooling,
+                              device=args.device, limit=args.limit, strict=args.strict)
+    except (CorpusError, BuildError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
     print(f"index written to {out}")
 
 

@@ -1,13 +1,17 @@
-"""Client for the retrieval server: sync and asyncio, pooled, with timeouts and retries.
+"""Client for the retrieval server: sync and asyncio, pooled, with a total deadline and retries.
 
 Retries (exponential backoff) on connection errors, timeouts and 5xx; a 4xx is the caller's
-mistake and raises :class:`RetrievalRequestError` at once; a server that stays down raises
-:class:`RetrieverUnavailable` saying how to start one.
+mistake and raises :class:`RetrievalRequestError` at once. A server that cannot be reached raises
+:class:`RetrieverUnavailable` saying how to start one; one that keeps answering 5xx raises
+:class:`RetrievalServerError` with what it answered. ``timeout`` bounds each call in total (all
+tries, including a server that trickles its answer), not each read. An answer that does not have
+the documented shape raises :class:`RetrievalResponseError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Optional, Sequence
 
@@ -20,8 +24,16 @@ class RetrieverUnavailable(RuntimeError):
     pass
 
 
+class RetrievalServerError(RuntimeError):
+    """The server answered, but with a 5xx every time."""
+
+
 class RetrievalRequestError(ValueError):
     pass
+
+
+class RetrievalResponseError(ValueError):
+    """The server's answer does not have the /retrieve schema."""
 
 
 def _endpoint(url: str) -> str:
@@ -36,10 +48,34 @@ def contents_of(result: Sequence[dict]) -> list[str]:
     out = []
     for item in result:
         doc = item.get("document", item) if isinstance(item, dict) else None
-        if not isinstance(doc, dict) or "contents" not in doc:
-            raise RetrievalRequestError(f"unexpected result item: {item!r}")
+        if not isinstance(doc, dict) or not isinstance(doc.get("contents"), str):
+            raise RetrievalResponseError(f"unexpected result item: {item!r}"[:300])
         out.append(doc["contents"])
     return out
+
+
+def check_result(body, n_queries: int, url: str) -> list:
+    """The ``result`` of a /retrieve answer, checked: one list per query, each of documents (or
+    ``{"document", "score"}``) with string ``contents``."""
+    if not isinstance(body, dict) or "result" not in body:
+        raise RetrievalResponseError(f"{url} answered without a 'result' field: {str(body)[:200]}")
+    result = body["result"]
+    if not isinstance(result, list) or not all(isinstance(r, list) for r in result):
+        raise RetrievalResponseError(f"{url} answered a 'result' that is not a list of lists: {str(result)[:200]}")
+    if len(result) != n_queries:
+        raise RetrievalResponseError(f"{url} answered {len(result)} result lists for {n_queries} queries")
+    for r in result:
+        contents_of(r)
+    return result
+
+
+def _error_text(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+        msg = body.get("error") if isinstance(body, dict) else None
+    except ValueError:
+        msg = None
+    return (msg or resp.text or "(empty body)").strip()[:500]
 
 
 class RetrievalClient:
@@ -48,64 +84,71 @@ class RetrievalClient:
         self.url = _endpoint(url)
         self.topk, self.timeout, self.retries, self.backoff = topk, timeout, retries, backoff
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._sync: Optional[httpx.Client] = None
         self._async: Optional[httpx.AsyncClient] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # the sync API's private loop (own thread)
+        self._loop_lock = threading.Lock()
 
     def _payload(self, queries, topk, return_scores):
         if isinstance(queries, str):
             queries = [queries]
         return {"queries": list(queries), "topk": topk or self.topk, "return_scores": return_scores}
 
-    def _handle(self, resp: httpx.Response) -> Optional[list]:
-        if resp.status_code >= 500:
-            return None
-        if resp.status_code >= 400:
-            try:
-                msg = resp.json().get("error", resp.text)
-            except ValueError:
-                msg = resp.text
-            raise RetrievalRequestError(f"retrieval server rejected the request ({resp.status_code}): {msg}")
-        return resp.json()["result"]
-
-    def _down(self, last: Exception | str) -> RetrieverUnavailable:
+    def _down(self, last) -> RetrieverUnavailable:
         return RetrieverUnavailable(
-            f"retrieval server at {self.url} did not answer after {self.retries + 1} tries ({last}). "
+            f"retrieval server at {self.url} could not be reached after {self.retries + 1} tries ({last}). "
             "Start one with `bash retrieval_launch.sh` (or `python -m retrieval.server --index DIR`).")
 
-    def retrieve(self, queries: Sequence[str] | str, topk: Optional[int] = None, return_scores: bool = True) -> list:
-        if self._sync is None:
-            self._sync = httpx.Client(timeout=self.timeout, limits=self._limits)
-        payload = self._payload(queries, topk, return_scores)
-        last: Exception | str = "no attempt"
+    async def _attempts(self, payload: dict) -> list:
+        if self._async is None:
+            self._async = httpx.AsyncClient(timeout=self.timeout, limits=self._limits)
+        last: object = "no attempt"
+        server_said: Optional[str] = None
         for attempt in range(self.retries + 1):
             try:
-                out = self._handle(self._sync.post(self.url, json=payload))
-                if out is not None:
-                    return out
-                last = "HTTP 5xx"
-            except (httpx.TransportError,) as e:
-                last = e
+                resp = await self._async.post(self.url, json=payload)
+            except httpx.TransportError as e:
+                last, server_said = e, None
+            else:
+                if resp.status_code >= 500:
+                    server_said = f"HTTP {resp.status_code}: {_error_text(resp)}"
+                elif resp.status_code >= 400:
+                    raise RetrievalRequestError(
+                        f"retrieval server rejected the request ({resp.status_code}): {_error_text(resp)}")
+                else:
+                    try:
+                        body = resp.json()
+                    except ValueError:
+                        raise RetrievalResponseError(f"{self.url} answered with non-JSON: {resp.text[:200]!r}") from None
+                    return check_result(body, len(payload["queries"]), self.url)
             if attempt < self.retries:
-                time.sleep(self.backoff * 2 ** attempt)
+                await asyncio.sleep(self.backoff * 2 ** attempt)
+        if server_said is not None:
+            raise RetrievalServerError(f"retrieval server at {self.url} kept failing ({self.retries + 1} tries); "
+                                       f"last answer: {server_said}")
         raise self._down(last)
 
     async def aretrieve(self, queries: Sequence[str] | str, topk: Optional[int] = None,
                         return_scores: bool = True) -> list:
-        if self._async is None:
-            self._async = httpx.AsyncClient(timeout=self.timeout, limits=self._limits)
         payload = self._payload(queries, topk, return_scores)
-        last: Exception | str = "no attempt"
-        for attempt in range(self.retries + 1):
-            try:
-                out = self._handle(await self._async.post(self.url, json=payload))
-                if out is not None:
-                    return out
-                last = "HTTP 5xx"
-            except (httpx.TransportError,) as e:
-                last = e
-            if attempt < self.retries:
-                await asyncio.sleep(self.backoff * 2 ** attempt)
-        raise self._down(last)
+        try:
+            return await asyncio.wait_for(self._attempts(payload), timeout=self.timeout)
+        except asyncio.TimeoutError:
+            raise RetrieverUnavailable(f"retrieval server at {self.url} gave no complete answer within "
+                                       f"{self.timeout:g} s (the client's total timeout)") from None
+
+    def _sync_loop(self) -> asyncio.AbstractEventLoop:
+        with self._loop_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="retrieval-client", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def retrieve(self, queries: Sequence[str] | str, topk: Optional[int] = None, return_scores: bool = True) -> list:
+        """The sync API: runs :meth:`aretrieve` on the client's own event-loop thread (usable from
+        any thread, inside or outside a running event loop)."""
+        fut = asyncio.run_coroutine_threadsafe(self.aretrieve(queries, topk, return_scores), self._sync_loop())
+        return fut.result()
 
     def health(self) -> dict:
         resp = httpx.get(self.url[: -len("/retrieve")] + "/health", timeout=self.timeout)
@@ -113,9 +156,12 @@ class RetrievalClient:
         return resp.json()
 
     def close(self) -> None:
-        if self._sync is not None:
-            self._sync.close()
-            self._sync = None
+        if self._loop is not None:
+            if self._async is not None:
+                asyncio.run_coroutine_threadsafe(self._async.aclose(), self._loop).result(timeout=5)
+                self._async = None
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop = None
 
     async def aclose(self) -> None:
         if self._async is not None:

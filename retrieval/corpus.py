@@ -7,6 +7,7 @@ Python objects until a row is read.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import os
@@ -21,6 +22,35 @@ _CHUNK = 64 << 20
 
 class CorpusError(ValueError):
     """A corpus file is missing or malformed; the message names the file and line."""
+
+
+_SAMPLE_BLOCKS, _BLOCK = 64, 4096
+
+
+def fingerprint(path: str | os.PathLike, rows: int) -> dict:
+    """A cheap identity of a corpus file: its row count, byte size and a SHA-256 over the first and
+    last 64 KiB plus 64 blocks of 4 KiB spread over the file. Inserting, deleting or reordering lines
+    changes it; what the server checks at start-up (milliseconds, even for wiki-18)."""
+    path = Path(path)
+    size = path.stat().st_size
+    h = hashlib.sha256(f"{size}:{rows}".encode())
+    with open(path, "rb") as f:
+        for pos in [0, max(size - 65536, 0)] + [size * i // _SAMPLE_BLOCKS for i in range(1, _SAMPLE_BLOCKS)]:
+            f.seek(pos)
+            h.update(f.read(65536 if pos in (0, max(size - 65536, 0)) else _BLOCK))
+    return {"rows": int(rows), "bytes": int(size), "sample_sha256": h.hexdigest()}
+
+
+def content_sha256(path: str | os.PathLike, *, progress: bool = True) -> str:
+    """SHA-256 of the whole file (the index builder's resume key: an edited passage changes it)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
+                                     desc=f"hashing {path.name}", disable=not progress) as bar:
+        while buf := f.read(_CHUNK):
+            h.update(buf)
+            bar.update(len(buf))
+    return h.hexdigest()
 
 
 def line_offsets(path: str | os.PathLike, *, progress: bool = True) -> np.ndarray:
@@ -61,9 +91,12 @@ class CorpusStore:
         size = self.path.stat().st_size
         offsets = None
         if self.offsets_path.is_file():
-            offsets = np.load(self.offsets_path, mmap_mode="r")
-            if len(offsets) == 0 or int(offsets[-1]) != size:
-                offsets = None  # stale: the corpus changed
+            try:
+                offsets = np.load(self.offsets_path, mmap_mode="r")
+                if offsets.ndim != 1 or len(offsets) == 0 or int(offsets[-1]) != size or int(offsets[0]) != 0:
+                    offsets = None  # stale: the corpus changed
+            except (ValueError, OSError, EOFError):
+                offsets = None  # unreadable (truncated, not .npy): rebuilt below
         if offsets is None:
             offsets = line_offsets(self.path, progress=progress)
             self.offsets_path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,9 +104,13 @@ class CorpusStore:
             np.save(tmp, offsets)
             os.replace(tmp, self.offsets_path)
             offsets = np.load(self.offsets_path, mmap_mode="r")
-        self._offsets = offsets
         self._file = open(self.path, "rb")
         self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        # trailing blank lines are not passages
+        n = len(offsets) - 1
+        while n > 0 and not self._mm[int(offsets[n - 1]): int(offsets[n])].strip():
+            n -= 1
+        self._offsets = offsets[: n + 1]
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
@@ -87,11 +124,17 @@ class CorpusStore:
         """The corpus row as a dict (``id``, ``contents``, and any other fields)."""
         raw = self.raw(row)
         try:
-            doc = json.loads(raw)
+            doc = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise CorpusError(f"{self.path}:{row + 1}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                              f"convert the corpus, e.g. iconv -f latin1 -t utf-8") from None
         except json.JSONDecodeError as e:
-            raise CorpusError(f"{self.path}:{row + 1}: not valid JSON ({e.msg})") from None
+            what = "a blank line" if not raw.strip() else f"not valid JSON ({e.msg})"
+            raise CorpusError(f"{self.path}:{row + 1}: {what}") from None
         if not isinstance(doc, dict) or "contents" not in doc:
             raise CorpusError(f"{self.path}:{row + 1}: expected an object with a 'contents' field")
+        if not isinstance(doc["contents"], str):
+            raise CorpusError(f"{self.path}:{row + 1}: 'contents' is {type(doc['contents']).__name__}, not a string")
         doc.setdefault("id", str(row))
         doc["id"] = str(doc["id"])
         return doc

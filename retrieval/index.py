@@ -209,11 +209,44 @@ class Retriever:
         return out
 
 
+class IndexLoadError(ValueError):
+    """An index directory or its corpus cannot be served; the message names the files."""
+
+
 def read_manifest(index_dir: str | os.PathLike) -> dict:
     path = Path(index_dir) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"no {MANIFEST} in {index_dir}: build one with `python -m retrieval.build`")
-    return json.loads(path.read_text())
+    try:
+        m = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise IndexLoadError(f"{path} is not valid JSON ({e}); rebuild the index with `python -m retrieval.build`") from None
+    missing = [k for k in ("kind", "count", "corpus") if not isinstance(m, dict) or k not in m]
+    if missing:
+        raise IndexLoadError(f"{path} lacks {missing}; rebuild the index with `python -m retrieval.build`")
+    return m
+
+
+def check_corpus(manifest: dict, manifest_path: Path, store: CorpusStore) -> None:
+    """Refuse a corpus that is not the one indexed: every result would come from the wrong row."""
+    if int(manifest["count"]) <= 0:
+        raise IndexLoadError(f"{manifest_path}: the index holds no passages")
+    fp = manifest.get("fingerprint")
+    if fp is None:
+        import logging
+
+        logging.getLogger("retrieval").warning("%s has no corpus fingerprint (built by an older version): the "
+                                               "corpus %s is not checked", manifest_path, store.path)
+        return
+    from retrieval.corpus import fingerprint
+
+    now = fingerprint(store.path, len(store))
+    if now != fp:
+        what = (f"{now['rows']} rows instead of {fp['rows']}" if now["rows"] != fp["rows"] else
+                f"{now['bytes']} bytes instead of {fp['bytes']}" if now["bytes"] != fp["bytes"] else
+                "the same size but different content")
+        raise IndexLoadError(f"corpus {store.path} is not the one {manifest_path} was built from ({what}): results "
+                          f"would point at the wrong passages. Serve the original corpus or rebuild the index.")
 
 
 def load_retriever(index: str | os.PathLike, corpus: Optional[str | os.PathLike] = None, *,
@@ -233,6 +266,7 @@ def load_retriever(index: str | os.PathLike, corpus: Optional[str | os.PathLike]
         m = read_manifest(index)
         corpus_path = Path(corpus or m["corpus"])
         store = CorpusStore(corpus_path, index / "offsets.npy")
+        check_corpus(m, index / MANIFEST, store)
         if m["kind"] == "bm25":
             return Retriever(BM25Index.load(index / "bm25"), store, kind="bm25")
         spec = EncoderSpec(**m["encoder"])

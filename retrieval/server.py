@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import logging
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Optional
 
@@ -41,35 +43,62 @@ class ServerConfig:
     max_query_chars: int = MAX_QUERY_CHARS
     max_body_bytes: int = 4 << 20
     max_batch: int = 256
+    # Characters of query text per encoder call: with max_batch, what bounds one batch's time (a
+    # request of 512 x 4,096 characters is served in several batches, interleaved with others).
+    max_batch_chars: int = 262144
     # 0 = "natural" batching: take whatever queued while the previous batch ran, never wait
     # (no added latency at low load, large batches under load); > 0 also waits up to this long.
     max_wait_ms: float = 0.0
     request_timeout_s: float = 120.0
 
 
+class SearchTimeout(Exception):
+    pass
+
+
 class _Job:
-    __slots__ = ("queries", "topk", "future")
+    """One request: its queries are served in slices (at most max_batch / max_batch_chars per batch),
+    interleaved with other requests; the future gets all rows once every slice is done."""
+
+    __slots__ = ("queries", "topk", "future", "results", "next", "failed")
 
     def __init__(self, queries, topk):
         self.queries, self.topk, self.future = queries, topk, Future()
+        self.results: list = [None] * len(queries)
+        self.next = 0  # first query not yet taken into a batch
+        self.failed = False
 
 
 class MicroBatcher:
-    """Merges the queries of concurrent requests into one ``retriever.search`` call."""
+    """Merges the queries of concurrent requests into one ``retriever.search`` call.
 
-    def __init__(self, retriever, max_batch: int = 256, max_wait_ms: float = 0.0):
+    Fair and bounded: each batch holds at most ``max_batch`` queries and ``max_batch_chars``
+    characters, taken round-robin over the waiting requests, so one maximal request cannot hold the
+    index while a one-query request waits. A batch that fails is retried request by request, so only
+    the request whose queries break the retriever gets the error."""
+
+    def __init__(self, retriever, max_batch: int = 256, max_wait_ms: float = 0.0, max_batch_chars: int = 262144):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.retriever, self.max_batch, self.max_wait = retriever, max_batch, max_wait_ms / 1000.0
+        self.max_chars = max(1, max_batch_chars)
         self._q: queue.Queue[Optional[_Job]] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="retrieval-batcher", daemon=True)
+        self._active: list[_Job] = []  # requests with queries not yet batched, in turn order
+        self._thread = threading.Thread(target=self._run, name="retrieval-batcher", daemon=True)
         self._stopped = False
         self.batches = 0
         self.queries = 0
         self.largest_batch = 0
+        self.error: Optional[str] = None  # why the batching thread died, if it did
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopped
+
     def submit(self, queries: list[str], topk: int) -> Future:
+        if not self.alive:
+            raise RuntimeError(f"the batching thread is not running ({self.error or 'stopped'})")
         job = _Job(queries, topk)
         self._q.put(job)
         return job.future
@@ -79,44 +108,111 @@ class MicroBatcher:
         self._q.put(None)
         self._thread.join(timeout=5)
 
-    def _gather(self, first: _Job) -> list[_Job]:
-        jobs, n = [first], len(first.queries)
-        deadline = time.perf_counter() + self.max_wait
-        while n < self.max_batch:
-            timeout = deadline - time.perf_counter()
-            try:
-                job = self._q.get(timeout=timeout) if timeout > 0 else self._q.get_nowait()
-            except queue.Empty:
-                break
-            if job is None:
-                self._q.put(None)
-                break
-            jobs.append(job)
-            n += len(job.queries)
-        return jobs
-
-    def _loop(self) -> None:
+    def _drain_queue(self, block: bool, timeout: Optional[float] = None) -> bool:
+        """Move submitted jobs to the active list; False when asked to stop."""
+        try:
+            job = self._q.get(timeout=timeout) if block else self._q.get_nowait()
+        except queue.Empty:
+            return True
         while True:
-            first = self._q.get()
-            if first is None:
-                return
-            jobs = self._gather(first)
-            queries = [q for j in jobs for q in j.queries]
-            k = max(j.topk for j in jobs)
+            if job is None:
+                return False
+            self._active.append(job)
             try:
-                results = self.retriever.search(queries, k)
-            except Exception as e:  # the request fails, the server keeps serving
-                log.exception("search failed for a batch of %d queries", len(queries))
-                for j in jobs:
-                    j.future.set_exception(e)
-                continue
-            self.batches += 1
-            self.queries += len(queries)
-            self.largest_batch = max(self.largest_batch, len(queries))
-            pos = 0
-            for j in jobs:
-                j.future.set_result([r[: j.topk] for r in results[pos: pos + len(j.queries)]])
-                pos += len(j.queries)
+                job = self._q.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _take(self) -> list[tuple[_Job, int, int]]:
+        """Slices (job, start, end) for one batch: round-robin, each request a fair share of the room."""
+        taken: list[tuple[_Job, int, int]] = []
+        n = chars = 0
+        while n < self.max_batch and chars < self.max_chars:
+            pending = [j for j in self._active if j.next < len(j.queries)]
+            if not pending:
+                break
+            share = max(1, (self.max_batch - n) // len(pending))
+            progressed = False
+            for job in pending:
+                start = end = job.next
+                while (end < len(job.queries) and end - start < share and n < self.max_batch
+                       and (chars + len(job.queries[end]) <= self.max_chars or n == 0)):
+                    chars += len(job.queries[end])
+                    end += 1
+                    n += 1
+                if end > start:
+                    taken.append((job, start, end))
+                    job.next = end
+                    progressed = True
+                if n >= self.max_batch or chars >= self.max_chars:
+                    break
+            if not progressed:
+                break
+        # requests that still have queries go to the back: the next batch starts with the others
+        done_first = [j for j in self._active if j.next >= len(j.queries)]
+        rest = [j for j in self._active if j.next < len(j.queries)]
+        taken_jobs = {id(j) for j, _, _ in taken}
+        self._active = done_first + [j for j in rest if id(j) not in taken_jobs] + \
+            [j for j in rest if id(j) in taken_jobs]
+        return taken
+
+    def _search(self, slices: list[tuple[_Job, int, int]]) -> None:
+        queries = [q for j, a, b in slices for q in j.queries[a:b]]
+        k = max(j.topk for j, _, _ in slices)
+        try:
+            results = self.retriever.search(queries, k)
+        except Exception as e:  # noqa: BLE001
+            if len({id(j) for j, _, _ in slices}) > 1:  # retry request by request: only the culprit fails
+                log.warning("a batch of %d queries failed (%s); retrying its requests one by one", len(queries), e)
+                by_job: dict[int, list] = {}
+                for sl in slices:
+                    by_job.setdefault(id(sl[0]), []).append(sl)
+                for group in by_job.values():
+                    self._search(group)
+                return
+            job = slices[0][0]
+            log.exception("search failed for a request of %d queries", len(job.queries))
+            if not job.failed:
+                job.failed = True
+                job.future.set_exception(e)
+            return
+        self.batches += 1
+        self.queries += len(queries)
+        self.largest_batch = max(self.largest_batch, len(queries))
+        pos = 0
+        for job, a, b in slices:
+            for i in range(a, b):
+                job.results[i] = results[pos][: job.topk]
+                pos += 1
+
+    def _finish(self) -> None:
+        for job in [j for j in self._active if j.next >= len(j.queries)]:
+            if not job.failed and not job.future.done():
+                job.future.set_result(job.results)
+        self._active = [j for j in self._active if j.next < len(j.queries) and not j.failed]
+
+    def _run(self) -> None:
+        try:
+            while True:
+                if not self._drain_queue(block=not self._active):
+                    return
+                if self.max_wait:
+                    deadline = time.perf_counter() + self.max_wait
+                    while sum(len(j.queries) - j.next for j in self._active) < self.max_batch:
+                        left = deadline - time.perf_counter()
+                        if left <= 0 or not self._drain_queue(block=True, timeout=left):
+                            break
+                slices = self._take()
+                if slices:
+                    self._search(slices)
+                self._finish()
+        except BaseException as e:  # the thread dies: /health says so, requests get 503
+            self.error = f"{type(e).__name__}: {e}"
+            log.exception("the batching thread died")
+            for job in self._active:
+                if not job.future.done():
+                    job.future.set_exception(RuntimeError(f"the batching thread died ({self.error})"))
+            raise
 
 
 class BadRequest(Exception):
@@ -143,6 +239,11 @@ def parse_request(body, cfg: ServerConfig) -> tuple[list[str], int, bool]:
             raise BadRequest(f"queries[{i}] is not a string")
         if not q.strip():
             raise BadRequest(f"queries[{i}] is empty")
+        try:
+            q.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise BadRequest(f"queries[{i}] is not valid text: {e.reason} at character {e.start} "
+                             f"({q[e.start]!r}); send UTF-8 text")
         if len(q) > cfg.max_query_chars:
             raise BadRequest(f"queries[{i}] has {len(q)} characters; the maximum is {cfg.max_query_chars}")
     topk = body.get("topk")
@@ -163,9 +264,22 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
     cfg = config or ServerConfig()
     app = Flask("retrieval")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
-    batcher = MicroBatcher(retriever, cfg.max_batch, cfg.max_wait_ms)
+    batcher = MicroBatcher(retriever, cfg.max_batch, cfg.max_wait_ms, cfg.max_batch_chars)
     app.batcher = batcher  # type: ignore[attr-defined]
     app.retrieval_config = cfg  # type: ignore[attr-defined]
+    flight = {"n": 0}
+    flight_lock = threading.Lock()
+    app.in_flight = lambda: flight["n"]  # type: ignore[attr-defined]  (graceful shutdown waits on it)
+
+    @app.before_request
+    def _count_in():
+        with flight_lock:
+            flight["n"] += 1
+
+    @app.teardown_request
+    def _count_out(exc=None):
+        with flight_lock:
+            flight["n"] -= 1
 
     @app.errorhandler(BadRequest)
     def _bad(e: BadRequest):
@@ -178,6 +292,10 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
                     405: f"method {request.method} not allowed on {request.path}"}
         return jsonify(error=messages.get(e.code, e.description)), e.code
 
+    @app.errorhandler(SearchTimeout)
+    def _timeout(e: SearchTimeout):
+        return jsonify(error=str(e)), 504
+
     @app.errorhandler(Exception)
     def _internal(e: Exception):
         log.exception("internal error")
@@ -185,19 +303,33 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
 
     @app.get("/health")
     def health():
-        return jsonify(status="ok", passages=len(retriever.corpus), indexed=retriever.index.ntotal,
-                       kind=retriever.kind, batches=batcher.batches, queries=batcher.queries,
-                       largest_batch=batcher.largest_batch)
+        info = dict(passages=len(retriever.corpus), indexed=retriever.index.ntotal, kind=retriever.kind,
+                    batches=batcher.batches, queries=batcher.queries, largest_batch=batcher.largest_batch)
+        if not batcher.alive:
+            return jsonify(status="error", error=f"the batching thread is not running ({batcher.error or 'stopped'})",
+                           **info), 503
+        return jsonify(status="ok", **info)
 
     @app.post("/retrieve")
     def retrieve():
         if not request.is_json:
             raise BadRequest("Content-Type must be application/json", 415)
-        body = request.get_json(silent=True)
+        try:
+            body = request.get_json(silent=True)
+        except RecursionError:
+            raise BadRequest("body nests too deeply") from None
         if body is None:
             raise BadRequest("body is not valid JSON")
         queries, topk, return_scores = parse_request(body, cfg)
-        results = batcher.submit(queries, topk).result(timeout=cfg.request_timeout_s)
+        if not batcher.alive:
+            raise BadRequest(f"the batching thread is not running ({batcher.error or 'stopped'}); restart the server",
+                             503)
+        try:
+            results = batcher.submit(queries, topk).result(timeout=cfg.request_timeout_s)
+        except FutureTimeout:
+            raise SearchTimeout(f"the search of {len(queries)} queries did not finish within "
+                                f"{cfg.request_timeout_s:g} s (request_timeout_s): the server is overloaded "
+                                f"or the index is slow; retry later or send fewer queries per request") from None
         if return_scores:
             out = [[{"document": doc, "score": score} for doc, score in r] for r in results]
         else:
@@ -213,18 +345,97 @@ def default_threads(max_batch: int) -> int:
     return max(64, max_batch + 32)
 
 
-def make_server(app: Flask, host: str = "127.0.0.1", port: int = 8000, threads: Optional[int] = None):
-    """A waitress server (threaded production WSGI) for the app; ``.run()`` serves."""
+def make_server(app: Flask, host: str = "127.0.0.1", port: int = 8000, threads: Optional[int] = None,
+                connection_limit: int = 4096, channel_timeout: int = 10):
+    """A waitress server (threaded production WSGI) for the app; ``.run()`` serves.
+
+    Sized for a training step's burst (thousands of concurrent searches): ``connection_limit``
+    connections (the open-files limit is raised to fit), idle or stalled connections closed after
+    ``channel_timeout`` seconds, request bodies over the app's limit refused from their
+    Content-Length (before waitress spools them to disk), and poll() instead of select()."""
     from waitress.server import create_server
 
     threads = threads or default_threads(app.retrieval_config.max_batch)
-    log.warning("serving on http://%s:%d (threads=%d)", host, port, threads)
-    return create_server(app, host=host, port=port, threads=threads, connection_limit=max(1000, 4 * threads),
-                         channel_timeout=300, ident="retrieval")
+    _raise_open_files(connection_limit + threads + 64)
+    log.warning("serving on http://%s:%d (threads=%d, connection_limit=%d)", host, port, threads, connection_limit)
+    return create_server(app, host=host, port=port, threads=threads, connection_limit=connection_limit,
+                         channel_timeout=channel_timeout, cleanup_interval=max(1, channel_timeout // 5),
+                         max_request_body_size=app.retrieval_config.max_body_bytes, ident="retrieval",
+                         # poll(), not select(): select() fails outright past 1,024 descriptors
+                         # ("filedescriptor out of range"), which ~1,000 idle connections reach
+                         asyncore_use_poll=True)
+
+
+def _raise_open_files(want: int) -> None:
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def install_graceful_shutdown(server, app: Flask, drain_timeout: float) -> None:
+    """On SIGTERM (or SIGINT): stop accepting, let in-flight requests finish and their responses go
+    out (at most ``drain_timeout`` s), then return from ``server.run()``; ``main`` exits 0."""
+    import _thread
+    import signal
+
+    def drain():
+        # Close the listening socket from here, not in the signal handler: the interrupted select()
+        # is retried with the old descriptor lists, and a descriptor closed under it fails the loop.
+        server.pull_trigger()
+        time.sleep(0.2)
+        try:
+            server.socket.close()
+        except OSError:
+            pass
+        deadline = time.monotonic() + drain_timeout
+        while time.monotonic() < deadline and (app.in_flight() > 0 or _pending_output(server)):
+            time.sleep(0.05)
+        left = app.in_flight()
+        if left:
+            log.warning("shutting down with %d requests still running after %.0f s", left, drain_timeout)
+        server._drained = True
+        _thread.interrupt_main()  # -> on_signal raises KeyboardInterrupt in the loop; serve() returns
+
+    def on_signal(signum, frame):
+        if getattr(server, "_drained", False):
+            raise KeyboardInterrupt
+        if getattr(server, "_draining", False):
+            return
+        server._draining = True
+        log.warning("signal %d: no new connections; draining %d in-flight requests", signum, app.in_flight())
+        server.accepting = False
+        server.del_channel()  # out of the loop's map: no more accepts
+        threading.Thread(target=drain, name="retrieval-drain", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def _pending_output(server) -> bool:
+    for ch in list(server._map.values()):
+        if getattr(ch, "requests", None) or getattr(ch, "total_outbufs_len", 0):
+            return True
+    return False
 
 
 def serve(app: Flask, host: str = "127.0.0.1", port: int = 8000, threads: Optional[int] = None) -> None:
-    make_server(app, host, port, threads).run()
+    """Serve until SIGTERM/SIGINT, then drain in-flight requests and return."""
+    server = make_server(app, host, port, threads)
+    install_graceful_shutdown(server, app, app.retrieval_config.request_timeout_s + 5)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.task_dispatcher.shutdown(timeout=5)
+        app.batcher.close()
+    log.warning("stopped")
 
 
 def main(argv=None) -> None:
@@ -253,8 +464,15 @@ def main(argv=None) -> None:
     if not 1 <= args.topk <= 100:
         ap.error("--topk must be between 1 and 100")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    retriever = load_retriever(args.index, args.corpus, encoder=args.encoder, kind=args.kind, mmap=args.mmap,
-                               gpu=args.gpu, device=args.device)
+    from retrieval.corpus import CorpusError
+    from retrieval.index import IndexLoadError
+
+    try:
+        retriever = load_retriever(args.index, args.corpus, encoder=args.encoder, kind=args.kind, mmap=args.mmap,
+                                   gpu=args.gpu, device=args.device)
+    except (CorpusError, IndexLoadError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
     cfg = ServerConfig(default_topk=args.topk, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
     serve(create_app(retriever, cfg), args.host, args.port, args.threads)
 

@@ -102,11 +102,11 @@ def free_port() -> int:
 
 class LiveServer:
     def __init__(self, app, port):
-        from waitress.server import create_server
+        from retrieval.server import make_server
 
         self.app, self.port = app, port
         self.url = f"http://127.0.0.1:{port}"
-        self._server = create_server(app, host="127.0.0.1", port=port, threads=32)
+        self._server = make_server(app, "127.0.0.1", port, threads=32)  # the server's own settings
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
 

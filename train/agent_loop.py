@@ -45,7 +45,7 @@ class SearchConfig:
     val_max_turns: int = 4  # for rows whose extra_info.split is test/val/dev
     max_turn_tokens: int = 500  # new tokens per generation
     max_obs_tokens: int = 500  # tokens per observation (whole passages dropped to fit)
-    timeout: float = 30.0
+    timeout: float = 120.0  # per search, in total (all retries)
     retries: int = 5
     backoff: float = 0.5
     strict: bool = False  # raise when the retriever stays down, instead of a "search failed" observation

@@ -36,8 +36,13 @@ class DataError(ValueError):
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     """(line number, record) for each non-blank line; bad JSON names the file and line."""
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                                f"convert the file, e.g. iconv -f latin1 -t utf-8") from None
             if not line.strip():
                 continue
             try:
@@ -56,9 +61,17 @@ def check_record(rec: dict, where: str) -> tuple[str, list[str]]:
     golds = rec.get("golden_answers")
     if isinstance(golds, str):
         golds = [golds]
-    if not isinstance(golds, (list, tuple)) or not [g for g in golds if str(g).strip()]:
-        raise DataError(f"{where}: row has no gold answer ('golden_answers')")
-    return q.strip(), [str(g) for g in golds if str(g).strip()]
+    if hasattr(golds, "tolist"):  # numpy arrays from the hub's parquet
+        golds = golds.tolist()
+    if not isinstance(golds, (list, tuple)) or not golds:
+        raise DataError(f"{where}: row has no gold answer ('golden_answers' must be a non-empty list of strings)")
+    for i, g in enumerate(golds):
+        if not isinstance(g, str):
+            raise DataError(f"{where}: golden_answers[{i}] is {type(g).__name__} {g!r}, not a string "
+                            "(write numbers and booleans as the text the answer must match)")
+        if not g.strip():
+            raise DataError(f"{where}: golden_answers[{i}] is empty")
+    return q.strip(), [g.strip() for g in golds]
 
 
 def make_row(rec: dict, source: str, split: str, index: int, uid: str) -> dict:
@@ -191,6 +204,12 @@ def main(argv=None) -> None:
             test_sets = {s: load_hub(s, TEST_SPLIT_ORDER) for s in args.test_sources.split(",") if s}
         train_rows, train_counts = build(train_sets, sample_n=args.train_sample, seed=args.seed, uid_prefix="train")
         test_rows, test_counts = build(test_sets, sample_n=args.test_sample, seed=args.seed, uid_prefix="test")
+        if not train_rows and not test_rows:
+            where = ", ".join(args.local) if args.local else f"{HUB_REPO} ({args.train_sources}; {args.test_sources})"
+            raise DataError(f"no rows: {where} holds no question/answer records")
+        if not train_rows:
+            raise DataError(f"no training rows: all {len(test_rows)} rows went to the test split (--holdout "
+                            f"{args.holdout} per source)")
     except DataError as e:
         raise SystemExit(f"error: {e}")
     write_parquet(train_rows, out / "train.parquet")
