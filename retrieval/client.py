@@ -85,6 +85,7 @@ class RetrievalClient:
         self.topk, self.timeout, self.retries, self.backoff = topk, timeout, retries, backoff
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._async: Optional[httpx.AsyncClient] = None
+        self._async_loop: Optional[asyncio.AbstractEventLoop] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the sync API's private loop (own thread)
         self._loop_lock = threading.Lock()
 
@@ -99,8 +100,10 @@ class RetrievalClient:
             "Start one with `bash retrieval_launch.sh` (or `python -m retrieval.server --index DIR`).")
 
     async def _attempts(self, payload: dict) -> list:
-        if self._async is None:
+        loop = asyncio.get_running_loop()
+        if self._async is None or self._async_loop is not loop:  # httpx's pool belongs to one event loop
             self._async = httpx.AsyncClient(timeout=self.timeout, limits=self._limits)
+            self._async_loop = loop
         last: object = "no attempt"
         server_said: Optional[str] = None
         for attempt in range(self.retries + 1):
