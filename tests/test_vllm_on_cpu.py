@@ -5,7 +5,7 @@ runs this file there under a hard timeout (a vLLM engine that dies can hang the 
 it is skipped.
 
 The training run is the GPU presets' shape on CPU: verl's trainer, 2 ranks with the reference model
-and the KL loss, LLDS, the search_r1 agent loop against a live retriever, with
+and the KL loss, LLDS, the presets' EM reward, the search_r1 agent loop against a live retriever, with
 ``rollout.name=vllm`` (async server mode, weight sync from the FSDP actor every step), then a
 checkpoint and a resume. verl starts vLLM with ``load_format: dummy`` (random weights), so only the
 per-step weight sync makes vLLM's rollout log-probs match the actor's: the test fails on a gap.
@@ -79,9 +79,7 @@ def vllm_trained(tmp_path_factory, sharp_model, bm25_server, qa_path):
               f"data.val_files={work / 'data/test.parquet'}", f"trainer.default_local_dir={work / 'ckpt'}",
               f"search_r1.retriever_url={bm25_server.url}/retrieve", "search_r1.max_turn_tokens=16",
               # top_p 1: vLLM reports log-probs renormalised over the nucleus (a constant -ln 0.95 gap)
-              "actor_rollout_ref.rollout.top_p=1.0",
-              f"reward.custom_reward_function.path={ROOT / 'tests' / 'rewards.py'}",
-              "reward.custom_reward_function.name=hashed_score", *VLLM_CPU]
+              "actor_rollout_ref.rollout.top_p=1.0", *VLLM_CPU]  # the presets' reward (EM), agent loop, loss
     run_main([*common, "trainer.total_training_steps=2", "trainer.save_freq=2"], work / "run1.log")
     run_main([*common, "trainer.total_training_steps=3", "trainer.save_freq=3", "trainer.resume_mode=auto"],
              work / "run2.log")
