@@ -92,3 +92,14 @@ def test_tags_under_the_real_qwen_tokenizer():
     # The chat-templated prompt round-trips and ends with the assistant header.
     prompt = P.render_prompt(tok, "who wrote hamlet")
     assert prompt.endswith("<|im_start|>assistant\n") and "Question: who wrote hamlet?" in prompt
+
+
+def test_an_answer_does_not_span_an_observation():
+    """<answer> in one turn and </answer> after the invalid-action message is no answer (the agent
+    loop's per-turn parse agrees); infer.py showed the message as part of the answer before."""
+    from train import protocol as P
+
+    r = "<think>x</think><answer> The Film </search>" + P.INVALID_ACTION_MESSAGE + "</answer>"
+    assert P.extract_answer(r) is None and P.answer_span(r) is None
+    r += "<answer> right </answer>"
+    assert P.extract_answer(r) == "right"

@@ -220,10 +220,15 @@ def generated_text(response: str) -> str:
 
 def answer_span(response: str) -> Optional[tuple[int, int]]:
     """Character span (tags included) of the last complete ``<answer>...</answer>`` that the
-    model generated, ignoring anything inside observations; None when there is none."""
+    model generated, ignoring anything inside observations; None when there is none. An answer
+    must lie within one generation: a span that encloses an observation (``<answer>`` in one turn,
+    ``</answer>`` after the invalid-action message) is not an answer, as the agent loop's per-turn
+    parse does not take it for one."""
+    masked = generated_text(response)
     last = None
-    for m in _ANSWER_RE.finditer(generated_text(response)):
-        last = m
+    for m in _ANSWER_RE.finditer(masked):
+        if masked[m.start(): m.end()] == response[m.start(): m.end()]:
+            last = m
     return None if last is None else (last.start(), last.end())
 
 
