@@ -41,20 +41,25 @@ def open_corpus(corpus: str, out_dir: Path, limit: int | None, progress: bool) -
     return store, n
 
 
-def scan(store: CorpusStore, n: int, *, strict: bool = False, progress: bool = True) -> int:
+def scan(store: CorpusStore, n: int, *, strict: bool = False, progress: bool = True,
+         keep_contents: bool = False) -> list[str] | None:
     """Read every row once before any encoding: a malformed row fails now, naming its line (not hours
     into the encoding). Duplicate passage ids: a warning with the count, an error with ``strict``.
-    Returns the number of duplicate ids."""
+    With ``keep_contents``, returns the rows' ``contents`` (the BM25 build needs them: one pass)."""
     ids = np.empty(n, dtype=np.int64)
+    contents: list[str] | None = [] if keep_contents else None
     for row in tqdm(range(n), desc="checking corpus", unit="psg", disable=not progress):
-        ids[row] = hash(store.get(row)["id"])
+        doc = store.get(row)
+        ids[row] = hash(doc["id"])
+        if contents is not None:
+            contents.append(doc["contents"])
     dup = n - len(np.unique(ids))
     if dup:
         msg = f"{store.path}: {dup} passages repeat an id used earlier in the file"
         if strict:
             raise BuildError(msg + " (--strict)")
         print(f"warning: {msg}; results are still returned by row, but ids are ambiguous", flush=True)
-    return dup
+    return contents
 
 
 def _read_progress(path: Path) -> dict:
@@ -140,8 +145,7 @@ def build_bm25(corpus: str, out: str, *, limit: int | None = None, progress: boo
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     store, n = open_corpus(corpus, out_dir, limit, progress)
-    scan(store, n, strict=strict, progress=progress)
-    texts = [store.get(r)["contents"] for r in tqdm(range(n), desc="reading", disable=not progress)]
+    texts = scan(store, n, strict=strict, progress=progress, keep_contents=True)
     BM25Index.build(texts).save(out_dir / "bm25")
     _write_json(out_dir / MANIFEST, {"kind": "bm25", "count": n, "corpus": str(Path(corpus).resolve()),
                                      "fingerprint": fingerprint(corpus, len(store))})

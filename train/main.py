@@ -29,20 +29,18 @@ def check_config(config: DictConfig) -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    from train import checkpoints
     from train.agent_loop import SearchConfig
+    from train.geometry import check_split
     from train.loss import LLDSConfig
+    from train.preflight import checkpoint_preflight
 
     SearchConfig.from_config(OmegaConf.to_container(config.get("search_r1") or {}, resolve=True))
     llds = LLDSConfig.from_dict(OmegaConf.to_container(config.get("llds") or {}, resolve=True))
-    from train import checkpoints
-    from train.preflight import checkpoint_preflight
-
     checkpoint_preflight(config.trainer.nnodes, config.trainer.default_local_dir)
     checkpoints.check_config(OmegaConf.to_container(config.get("checkpoints") or {}, resolve=True))
     if config.trainer.get("use_v1", True):
         raise ValueError("trainer.use_v1 must be false: train.main drives verl's RayPPOTrainer")
-    from train.geometry import check_split
-
     actor = config.actor_rollout_ref.actor
     ranks = config.trainer.n_gpus_per_node * config.trainer.nnodes
     check_split(config.data.train_batch_size, actor.ppo_mini_batch_size, config.actor_rollout_ref.rollout.n, ranks,
@@ -206,11 +204,7 @@ def forward_env_to_ray(config: DictConfig, keys) -> None:
         return
     with open_dict(config):
         init = config.ray_kwargs.setdefault("ray_init", {})
-        runtime_env = init.get("runtime_env") or {}
-        runtime_env = OmegaConf.to_container(runtime_env, resolve=True) if not isinstance(runtime_env, dict) \
-            else runtime_env
-        runtime_env.setdefault("env_vars", {}).update(env)
-        init["runtime_env"] = runtime_env
+        init["runtime_env"] = OmegaConf.merge(init.get("runtime_env") or {}, {"env_vars": env})
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="grpo_llds", version_base=None)

@@ -111,12 +111,12 @@ def cuda_preflight(gpus: Optional[list[str]] = None, cuda_available: Optional[bo
 
 
 def run_all(config, environ: MutableMapping[str, str] = os.environ, cpu: bool = False) -> list[str]:
-    """Every check for a training config; returns the notices printed."""
+    """The environment checks for a training config (``train.main.check_config`` runs the config
+    checks, :func:`checkpoint_preflight` among them); returns the notices printed."""
     notices = []
     notice = wandb_preflight(config.trainer.get("logger"), environ)
     if notice:
         notices.append(notice)
-    checkpoint_preflight(config.trainer.nnodes, config.trainer.default_local_dir)
     if not cpu:
         cuda_preflight()
     for n in notices:
