@@ -49,3 +49,42 @@ def test_evaluate_limit(capsys):
     from train.evaluate import main
 
     fails(main, ["--model", "m", "--data", "x", "--limit", "0"], capsys, "--limit")
+
+
+def test_new_flags_and_config_keys(capsys, tmp_path, qa_path):
+    """Flags and config keys added for the GPU first run, the released-run settings and robustness."""
+    from train.agent_loop import SearchConfig
+    from train.data_prep import main as prep
+    from train.evaluate import main as evaluate
+    from train.geometry import main as geometry
+    from train.loss import LLDSConfig
+
+    fails(prep, ["--out", str(tmp_path), "--local", str(qa_path), "--val-per-source", "-1"], capsys,
+          "--val-per-source")
+    fails(evaluate, ["--model", "m", "--data", "x", "--concurrency", "0"], capsys, "--concurrency")
+    assert geometry(["--ranks", "0"]) == 2 and "ranks, n and updates must be >= 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="search_r1.max_query_chars"):
+        SearchConfig.from_config({"max_query_chars": 0})
+    with pytest.raises(ValueError, match="llds.valid_search_count"):
+        LLDSConfig.from_dict({"valid_search_count": "all"})
+
+
+def test_evaluate_refuses_to_resume_onto_other_data(tmp_path, qa_path, capsys, tiny_tokenizer, bm25_server):
+    import json
+
+    from train.data_prep import main as prep
+    from train.evaluate import load_rows, main
+
+    class NeverCalled:
+        tokenizer = tiny_tokenizer
+
+        async def generate(self, *a, **k):
+            raise AssertionError("no row may be evaluated onto another data set's results")
+
+    prep(["--out", str(tmp_path / "d"), "--local", str(qa_path), "--holdout", "2"])
+    row = load_rows(str(tmp_path / "d" / "test.parquet"), None, None)[0]
+    out = tmp_path / "eval.jsonl"
+    out.write_text(json.dumps({**row, "question": "a different question?", "answer": "x", "em": 0.0}) + "\n")
+    assert main(["--model", "m", "--data", str(tmp_path / "d" / "test.parquet"), "--out", str(out),
+                 "--retriever-url", bm25_server.url], generator=NeverCalled()) == 2
+    assert "holds results for other data: 1 rows" in capsys.readouterr().err

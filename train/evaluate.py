@@ -99,6 +99,14 @@ async def evaluate(rows: list[dict], asker, out_path: Path) -> list[dict]:
     from train.reward import compute_score
 
     done = read_done(out_path)
+    stale = [r["uid"] for r in rows if r["uid"] in done
+             and (done[r["uid"]].get("question"), done[r["uid"]].get("golds")) != (r["question"], r["golds"])]
+    if stale:
+        from train.inference import InferenceError
+
+        raise InferenceError(f"{out_path} holds results for other data: {len(stale)} rows (e.g. uid {stale[0]!r}) "
+                             f"have a different question or gold answers than --data; pass another --out, or "
+                             f"delete the file to start over")
     todo = [r for r in rows if r["uid"] not in done]
     if done:
         print(f"resuming: {len(rows) - len(todo)} of {len(rows)} rows already in {out_path}")
@@ -156,6 +164,8 @@ def main(argv=None, generator=None) -> int:
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         ap.error("--limit must be >= 1")
+    if args.concurrency < 1:
+        ap.error("--concurrency must be >= 1")
     paper = paper_row(args.paper_row)
     rows = load_rows(args.data, args.sources.split(",") if args.sources else None, args.limit)
     if not rows:
