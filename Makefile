@@ -13,7 +13,7 @@ PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c ci/constra
 VENV_VLLM ?= .venv-vllm
 VSTAMP := $(VENV_VLLM)/.installed
 
-.PHONY: install test test-vllm test-fast demo bench check-gpu-install clean
+.PHONY: install test test-vllm test-fast demo learn-compare bench check-gpu-install clean
 
 install: $(STAMP)
 
@@ -36,6 +36,11 @@ test-vllm: $(VSTAMP)
 
 demo: $(STAMP)
 	bash scripts/demo.sh
+
+# LLDS on vs off on the learnable task, same seeds (3 x 2 runs of 20 steps, about 25 min on 2 cores):
+# a table of the reward rise per run and both curves (mean over seeds) on one set of plots.
+learn-compare: $(STAMP)
+	$(PY) bench/bench_learning.py --variants llds_on llds_off --seeds 0 1 2 --steps 20 --out runs/learn_compare
 
 # Resolve the GPU install (.[gpu,lucene,dev], Linux x86_64) without installing it and check it:
 # one FAISS (the GPU build), torch 2.11.0 + vLLM 0.24.0, the presets' attention backend. Needs PyPI.

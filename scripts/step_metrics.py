@@ -6,10 +6,12 @@
 import re
 import sys
 
-KEYS = [("critic/score/mean", "reward"), ("actor/llds/penalty", "llds_pen"),
-        ("actor/llds/gated_action_frac", "gated_act"), ("actor/llds/gated_response_frac", "gated_resp"),
-        ("actor/pg_loss", "pg_loss"), ("actor/entropy", "entropy"), ("actor/grad_norm", "grad_norm"),
-        ("search_r1/searches", "searches"), ("search_r1/answered", "answered"), ("response_length/mean", "resp_len")]
+KEYS = [("critic/score/mean", "reward"), ("val_em", "val_EM"), ("search_r1/searches", "searches"),
+        ("search_r1/answered", "answered"), ("response_length/mean", "resp_len"),
+        ("actor/llds/penalty", "llds_pen"), ("actor/llds/gated_action_frac", "gated_act"),
+        ("actor/llds/logp_pos", "logp_pos"), ("search_r1/lld_alarm", "alarm"),
+        ("actor/pg_loss", "pg_loss"), ("actor/entropy", "entropy"), ("actor/grad_norm", "grad_norm")]
+WINDOW = 3  # steps averaged at each end of the run for the rise
 NUM = re.compile(r"^(?:np\.\w+\()?(-?[0-9.]+(?:e-?[0-9]+)?)\)?$")
 
 
@@ -26,8 +28,12 @@ def parse(path):
             if m:
                 fields[k.strip()] = float(m.group(1))
         if "step" in fields:
-            steps[int(fields["step"])] = fields
+            val = [v for k, v in fields.items() if k.startswith("val-core/") and "/reward/mean@" in k]
+            if val:  # greedy EM on the validation file (the mean over its sources)
+                fields["val_em"] = sum(val) / len(val)
+            steps.setdefault(int(fields["step"]), {}).update(fields)
     return steps
+
 
 
 def main(paths):
@@ -39,7 +45,13 @@ def main(paths):
         return 1
     print("step " + " ".join(f"{short:>10}" for _, short in KEYS))
     for n in sorted(steps):
-        print(f"{n:>4} " + " ".join(f"{steps[n].get(k, float('nan')):>10.4g}" for k, _ in KEYS))
+        print(f"{n:>4} " + " ".join(f"{steps[n][k]:>10.4g}" if k in steps[n] else f"{'':>10}" for k, _ in KEYS))
+    from train.learnable import reward_rise
+
+    if sum("critic/score/mean" in m for m in steps.values()) >= 2 * WINDOW:
+        r = reward_rise(steps, WINDOW)
+        print(f"reward: mean of the first {WINDOW} steps {r[0]:.3f}, of the last {WINDOW} steps {r[1]:.3f} "
+              f"({r[1] - r[0]:+.3f})")
     return 0
 
 

@@ -59,8 +59,12 @@ def test_equals_verl_loss_plus_llds_term(cfg, model):
     assert float(ours.detach()) == pytest.approx(float(expected.detach()), rel=1e-6)
     assert float(pen.detach().sum()) > 0
     assert "llds/penalty" in metrics and "actor/pg_loss" in metrics and "kl_loss" in metrics
-    off, _ = llds_ppo_loss(cfg, out, td, llds=LLDSConfig(enable=False))
+    off, off_metrics = llds_ppo_loss(cfg, out, td, llds=LLDSConfig(enable=False))
     assert float(off) == pytest.approx(float(base))
+    # LLDS off: verl's loss unchanged, but the LLD diagnostics (the collapse alarm's signal) still logged
+    assert "llds/penalty" not in off_metrics
+    raw = sorted(k for k in off_metrics if k.startswith("llds_raw/"))
+    assert raw == sorted(k for k in metrics if k.startswith("llds_raw/")) and raw
 
 
 @pytest.mark.parametrize("gate", ["action", "response", "token"])

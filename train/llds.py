@@ -186,16 +186,22 @@ def llds_stats(
 
 def stats_ratios(total: dict[str, float]) -> dict[str, float]:
     """Totals of :func:`llds_stats` keys (summed over micro-batches, ranks, mini-batches) -> the
-    logged means, named ``d_mean_preserved``, ..., ``logp_pos_a{k}``; 0 where the count is 0."""
+    logged means, named ``d_mean_preserved``, ..., ``logp_pos_a{k}`` and ``logp_pos`` (all positions);
+    0 where the count is 0, except ``logp_pos``: NaN."""
 
     def ratio(num: str, den: str) -> float:
         return total.get(num, 0.0) / total[den] if total.get(den) else 0.0
 
     out = {name: ratio(num, den) for name, (num, den) in RATIOS.items()}
+    pos_sum = pos_n = 0.0
     for key in total:
         if key.startswith("logp_pos_a") and key.endswith("_sum"):
             name = key[: -len("_sum")]
             out[name] = ratio(key, f"{name}_n")
+            pos_sum, pos_n = pos_sum + total[key], pos_n + total.get(f"{name}_n", 0.0)
+    # every positive-advantage action token, all positions together (the collapse alarm's signal);
+    # NaN, not 0, in a step without one (e.g. every reward 0), so that no curve or alarm reads a value
+    out["logp_pos"] = pos_sum / pos_n if pos_n else float("nan")
     return out
 
 

@@ -93,9 +93,6 @@ def llds_ppo_loss(config, model_output, data, dp_group=None, *, llds: LLDSConfig
     from verl.workers.utils.padding import no_padding_2_padding
 
     loss, metrics = ppo_loss(config, model_output, data, dp_group)
-    if not llds.enable:
-        return loss, metrics
-
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
     fields = ["response_mask", "old_log_probs", "advantages"]
     for extra in ("answer_mask", "batch_valid_searches"):
@@ -113,15 +110,20 @@ def llds_ppo_loss(config, model_output, data, dp_group=None, *, llds: LLDSConfig
     term, open_ = llds_term(old_log_prob, log_prob, advantages, response_mask, answer_mask, llds, answer_weight,
                             dp_size=dp_size or 1, batch_num_tokens=batch_num_tokens)
 
-    aggregation = AggregationType.SUM if batch_num_tokens is not None else AggregationType.MEAN
-    metrics["llds/penalty"] = Metric(value=term.detach(), aggregation=aggregation)
-    metrics["llds/lambda"] = llds.lam
-    metrics["llds/answer_weight"] = answer_weight
+    # The diagnostics (likelihood of positive-advantage tokens per position, what the gate would
+    # open) are logged with LLDS off too: GRPO runs are the ones the collapse alarm is for.
     # Sums and counts with a fixed key set: verl gathers each key's per-micro-batch values from every
     # rank and refuses keys seen a different number of times on different ranks.
     stats = llds_stats(old_log_prob, log_prob.detach(), advantages, response_mask, gate=llds.gate,
                        answer_mask=answer_mask, open_gate=open_, positions=positions)
     metrics.update(Metric.from_dict({RAW + k: v for k, v in stats.items()}, aggregation=AggregationType.SUM))
+    if not llds.enable:
+        return loss, metrics  # the loss is verl's, unchanged
+
+    aggregation = AggregationType.SUM if batch_num_tokens is not None else AggregationType.MEAN
+    metrics["llds/penalty"] = Metric(value=term.detach(), aggregation=aggregation)
+    metrics["llds/lambda"] = llds.lam
+    metrics["llds/answer_weight"] = answer_weight
     return loss + term, metrics
 
 

@@ -4,10 +4,11 @@
 
 Reading order: :func:`main` validates our blocks and verl's config, then hands
 :class:`SearchR1TaskRunner` to verl's ``run_ppo`` (which starts Ray). The runner builds verl's
-``RayPPOTrainer`` (a subclass that only adds the ``search_r1/*`` agent statistics to each step's
-metrics) as verl's own task runner does, starts the workers, installs the LLDS actor loss with
-``set_loss_fn``, and calls ``fit``. With ``VERL_PLATFORM=cpu`` the same loop runs on CPU
-(:mod:`train.cpu`): Ray gets logical GPU slots and the workers open their process group on gloo.
+``RayPPOTrainer`` (a subclass that adds the ``search_r1/*`` agent statistics and the collapse
+alarm, :mod:`train.lld_alarm`, to each step's metrics) as verl's own task runner does, starts the
+workers, installs the LLDS actor loss with ``set_loss_fn``, and calls ``fit``. With
+``VERL_PLATFORM=cpu`` the same loop runs on CPU (:mod:`train.cpu`): Ray gets logical GPU slots and
+the workers open their process group on gloo.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def check_config(config: DictConfig) -> None:
     from train import checkpoints
     from train.agent_loop import SearchConfig
     from train.geometry import check_split
+    from train.lld_alarm import AlarmConfig
     from train.loss import LLDSConfig
     from train.preflight import checkpoint_preflight
 
@@ -39,6 +41,7 @@ def check_config(config: DictConfig) -> None:
     llds = LLDSConfig.from_dict(OmegaConf.to_container(config.get("llds") or {}, resolve=True))
     checkpoint_preflight(config.trainer.nnodes, config.trainer.default_local_dir)
     checkpoints.check_config(OmegaConf.to_container(config.get("checkpoints") or {}, resolve=True))
+    AlarmConfig.from_dict(OmegaConf.to_container(config.get("lld_alarm") or {}, resolve=True))
     if config.trainer.get("use_v1", True):
         raise ValueError("trainer.use_v1 must be false: train.main drives verl's RayPPOTrainer")
     actor = config.actor_rollout_ref.actor
@@ -81,15 +84,23 @@ def make_trainer_class():
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     class SearchR1Trainer(RayPPOTrainer):
-        """verl's trainer; only adds the agent statistics to each step's metrics."""
+        """verl's trainer; adds the agent statistics and the collapse alarm to each step's metrics."""
 
         def _update_actor(self, batch):
+            from train.lld_alarm import AlarmConfig, CollapseMonitor
             from train.loss import finish_llds_metrics
 
             out = super()._update_actor(batch)
             metrics = out.meta_info.setdefault("metrics", {})
             finish_llds_metrics(metrics)
             metrics.update(search_metrics(batch))
+            if not hasattr(self, "_collapse_monitor"):
+                cfg = OmegaConf.to_container(self.config.get("lld_alarm") or {}, resolve=True)
+                self._collapse_monitor = CollapseMonitor(AlarmConfig.from_dict(cfg))
+            alarm, warnings = self._collapse_monitor.update(self.global_steps, metrics)
+            for message in warnings:
+                print(f"WARNING: {message}", flush=True)
+            metrics.update({k: [v] for k, v in alarm.items()})
             return out
 
         def _save_checkpoint(self):
@@ -215,9 +226,20 @@ def main(config: DictConfig) -> None:
 
     from train import preflight
 
+    plugins_env = "SEARCH_R1_PLUGINS"  # train.plugin imports these in every process; a bad one fails here
+    if os.environ.get(plugins_env):  # files by absolute path: Ray workers may start elsewhere
+        os.environ[plugins_env] = ",".join(os.path.abspath(p) if p.strip().endswith(".py") else p.strip()
+                                           for p in os.environ[plugins_env].split(",") if p.strip())
+    try:
+        from train.plugin import import_user_plugins
+
+        import_user_plugins()
+    except Exception as e:
+        raise SystemExit(f"error: {plugins_env}={os.environ.get(plugins_env)!r}: {type(e).__name__}: {e}") from None
     check_config(config)
     preflight.run_all(config, cpu=cpu.enabled())
-    forward_env_to_ray(config, ("WANDB_MODE",))
+    # WANDB_MODE from the preflight; where verl's file logger writes (trainer.logger: [..., file])
+    forward_env_to_ray(config, ("WANDB_MODE", "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", plugins_env))
     if cpu.enabled() and not ray.is_initialized():
         init_ray_for_cpu(config)
     run_ppo(config, task_runner_class=SearchR1TaskRunner)

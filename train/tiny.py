@@ -1,10 +1,11 @@
 """A tiny, real, offline policy: a 2-layer Qwen2 with a byte-level BPE trained on a corpus.
 
-Used by the tests and the CPU demo (no hub download anywhere). ``python -m train.tiny OUT_DIR``
-writes a ``save_pretrained`` directory (model + tokenizer with a Qwen-style chat template);
-``--sft-steps N`` then warm-starts it on scripted Search-R1 trajectories built from the bundled
-QA (search with the question, read the gold passage, answer), so that the demo's policy writes
-the tags and sometimes searches. It stays a toy: it copies queries badly and rarely answers right.
+Used by the tests, the benchmarks and the learnable task (:mod:`train.learnable`, whose warm start
+is :func:`sft_protocol` on its own trajectories); no hub download anywhere. ``python -m train.tiny
+OUT_DIR`` writes a ``save_pretrained`` directory (model + tokenizer with a Qwen-style chat template);
+``--sft-steps N`` then warm-starts it on scripted Search-R1 trajectories built from the bundled QA
+(search with the question, read the gold passage, answer), so that the policy writes the tags and
+sometimes searches. On the bundled Wikipedia QA it stays a toy that rarely answers right.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -37,8 +38,8 @@ def _corpus_texts(corpus: Path, limit: int) -> Iterator[str]:
             yield json.loads(line)["contents"]
 
 
-def build_tokenizer(corpus: Path, vocab_size: int = 1024, limit: int = 2000):
-    """Byte-level BPE trained on the first ``limit`` passages of ``corpus``."""
+def build_tokenizer(corpus: Path, vocab_size: int = 1024, limit: int = 2000, texts: Iterable[str] | None = None):
+    """Byte-level BPE trained on the first ``limit`` passages of ``corpus`` (or on ``texts``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -51,7 +52,7 @@ def build_tokenizer(corpus: Path, vocab_size: int = 1024, limit: int = 2000):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus_texts(corpus, limit), trainer=trainer)
+    tok.train_from_iterator(texts if texts is not None else _corpus_texts(corpus, limit), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -63,8 +64,10 @@ def build_tokenizer(corpus: Path, vocab_size: int = 1024, limit: int = 2000):
 
 
 def build_tiny_model(out_dir: str | os.PathLike, corpus: str | os.PathLike, *, seed: int = 0,
-                     hidden_size: int = 64, layers: int = 2, heads: int = 2, vocab_size: int = 1024) -> Path:
-    """Write a tiny random Qwen2ForCausalLM plus its tokenizer to ``out_dir`` and return it."""
+                     hidden_size: int = 64, layers: int = 2, heads: int = 2, vocab_size: int = 1024,
+                     tokenizer_texts: Iterable[str] | None = None) -> Path:
+    """Write a tiny random Qwen2ForCausalLM plus its tokenizer to ``out_dir`` and return it.
+    The tokenizer is trained on ``corpus`` unless ``tokenizer_texts`` are given."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -72,7 +75,7 @@ def build_tiny_model(out_dir: str | os.PathLike, corpus: str | os.PathLike, *, s
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(Path(corpus), vocab_size=vocab_size)
+    tokenizer = build_tokenizer(Path(corpus), vocab_size=vocab_size, texts=tokenizer_texts)
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -122,10 +125,11 @@ def protocol_trajectories(qa: Path, corpus: Path, limit: int = 400,
     return out
 
 
-def sft_protocol(model_dir: str | os.PathLike, qa: Path, corpus: Path, *, steps: int = 300, batch: int = 8,
-                 lr: float = 3e-3, seed: int = 0, max_tokens: int = 384) -> dict:
-    """Teach the tiny policy the Search-R1 format (a few hundred supervised steps on CPU), so the
-    demo's agent actually searches and answers. Observation tokens carry no loss."""
+def sft_protocol(model_dir: str | os.PathLike, trajectories, *, steps: int = 300, batch: int = 8,
+                 lr: float = 3e-3, seed: int = 0, max_tokens: int = 384, progress: bool = False) -> dict:
+    """Supervised steps on scripted Search-R1 trajectories, ``[(question, [(text, trained?), ...]), ...]``
+    or a function ``count_tokens -> trajectories`` (observations sized in the policy's tokens).
+    Only the ``trained`` parts carry loss (observation tokens do not), plus the final EOS."""
     import random
 
     import torch
@@ -137,7 +141,9 @@ def sft_protocol(model_dir: str | os.PathLike, qa: Path, corpus: Path, *, steps:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     examples = []
     count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
-    for q, parts in protocol_trajectories(qa, corpus, count_tokens=count):
+    if callable(trajectories):
+        trajectories = trajectories(count)
+    for q, parts in trajectories:
         ids = tok.encode(protocol.render_prompt(tok, q), add_special_tokens=False)
         labels = [-100] * len(ids)
         for text, trained in parts:
@@ -152,7 +158,9 @@ def sft_protocol(model_dir: str | os.PathLike, qa: Path, corpus: Path, *, steps:
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     losses = []
-    for step in range(steps):
+    from tqdm import tqdm
+
+    for step in tqdm(range(steps), desc="warm start (SFT)", unit="step", disable=not progress, mininterval=5):
         chunk = rng.sample(examples, batch)
         width = max(len(i) for i, _ in chunk)
         input_ids = torch.full((batch, width), tok.pad_token_id)
@@ -194,7 +202,10 @@ def main(argv=None) -> None:
     fresh = not (out / "config.json").exists()
     build_tiny_model(out, args.corpus, seed=args.seed, hidden_size=args.hidden_size, heads=args.heads)
     if args.sft_steps and fresh:
-        stats = sft_protocol(out, Path(args.qa), Path(args.corpus), steps=args.sft_steps, seed=args.seed)
+        def trajectories(count):
+            return protocol_trajectories(Path(args.qa), Path(args.corpus), count_tokens=count)
+
+        stats = sft_protocol(out, trajectories, steps=args.sft_steps, seed=args.seed)
         print(f"format warm-start: {stats['examples']} trajectories, loss {stats['first_loss']:.2f} -> "
               f"{stats['last_loss']:.2f} over {args.sft_steps} steps")
     print(out)

@@ -93,7 +93,8 @@ class HFReplica(RolloutReplica):
     async def launch_servers(self):
         name = server_name(self.replica_rank)
         server = ray.remote(HFServer).options(name=name, num_cpus=0, max_concurrency=1000).remote(
-            self.model_config.get("local_path") or self.model_config.path, seed=self.replica_rank)
+            self.model_config.get("local_path") or self.model_config.path,
+            seed=int(self.config.seed) + self.replica_rank)  # rollout.seed, as vLLM replicas use it
         await server.wake_up.remote()
         self.servers = [server]
         self._server_handle = server

@@ -1,0 +1,23 @@
+"""Broken policy losses for the learning test's negative checks (loaded with SEARCH_R1_PLUGINS).
+
+``sabotage_flipped``: verl's vanilla PPO loss with the advantage sign flipped (the policy is pushed
+away from what the reward favours). ``sabotage_zero``: the vanilla loss times zero (no policy
+gradient; the KL and LLDS terms stay). A pipeline that learns with ``vanilla`` must not with these.
+"""
+
+from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, register_policy_loss
+
+
+@register_policy_loss("sabotage_flipped")
+def flipped(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+            rollout_is_weights=None):
+    return compute_policy_loss_vanilla(old_log_prob, log_prob, -advantages, response_mask, loss_agg_mode,
+                                       config, rollout_is_weights)
+
+
+@register_policy_loss("sabotage_zero")
+def zero(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+         rollout_is_weights=None):
+    loss, metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                                                config, rollout_is_weights)
+    return loss * 0.0, metrics
