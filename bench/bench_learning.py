@@ -5,7 +5,7 @@
     python bench/bench_learning.py --variants flipped zero_off --seeds 0     # must not learn
 
 Builds the task and its warm start once (``--task``, reused when present), serves its BM25 index,
-then runs ``configs/cpu_learn.yaml`` for ``--steps`` steps per (variant, seed), one run at a time
+then runs (or reuses, when ``OUT/<variant>/seed<N>`` already holds a complete run) ``configs/cpu_learn.yaml`` for ``--steps`` steps per (variant, seed), one run at a time
 (two CPU runs at once slow each other down badly). Prints, per run, the mean reward of the first and
 last ``--window`` steps and the rise; per variant, the mean, spread and minimum of the rise. Each
 variant's per-step mean over seeds goes to ``OUT/<variant>/metrics.jsonl``, and one set of PNGs
@@ -61,6 +61,18 @@ def serve(index: Path, port: int, log: Path) -> subprocess.Popen:
     raise RuntimeError("the retrieval server did not come up in 120 s")
 
 
+def finished(run_dir: Path, steps: int):
+    """The metrics of a run already complete in ``run_dir`` (all ``steps`` training steps), else None."""
+    from train.plot import read_metrics
+
+    try:
+        metrics = read_metrics(run_dir / "metrics.jsonl")
+    except (FileNotFoundError, ValueError):
+        return None
+    done = [s for s in metrics if "critic/score/mean" in metrics[s]]
+    return metrics if sorted(done) == list(range(1, steps + 1)) else None
+
+
 def mean_over_seeds(runs: list[dict]) -> dict[int, dict[str, float]]:
     out: dict[int, dict[str, float]] = {}
     for step in sorted(set.intersection(*(set(r) for r in runs))):
@@ -95,23 +107,26 @@ def main(argv=None) -> None:
     rises: dict[str, list[float]] = {}
     try:
         print(f"{'variant':<10}{'seed':>5}{'first':>8}{'last':>8}{'rise':>8}{'min searches':>14}{'alarms':>8}"
-              f"{'s/step':>8}", flush=True)
+              f"{'s/step':>8}{'wall s':>8}", flush=True)
         for variant in args.variants:
             overrides, plugins = VARIANTS[variant]
             runs = []
             for seed in args.seeds:
                 run_dir = out / variant / f"seed{seed}"
                 t0 = time.time()
-                steps = learnable.run_rl(task, run_dir, url, steps=args.steps, seed=seed,
-                                         overrides=[*overrides, *extra, f"trainer.save_freq={10 * args.steps}"],
-                                         plugins=plugins)
+                steps = finished(run_dir, args.steps)  # an interrupted benchmark resumes where it stopped
+                if steps is None:
+                    steps = learnable.run_rl(task, run_dir, url, steps=args.steps, seed=seed,
+                                             overrides=[*overrides, *extra, f"trainer.save_freq={10 * args.steps}"],
+                                             plugins=plugins)
                 first, last = learnable.reward_rise(steps, args.window)
                 searches = min(m["search_r1/searches"] for m in steps.values() if "search_r1/searches" in m)
                 alarms = sum(m.get("search_r1/lld_alarm", 0) for m in steps.values())
                 rises.setdefault(variant, []).append(last - first)
                 runs.append(steps)
+                step_s = statistics.fmean(m["timing_s/step"] for m in steps.values() if "timing_s/step" in m)
                 print(f"{variant:<10}{seed:>5}{first:>8.3f}{last:>8.3f}{last - first:>+8.3f}{searches:>14.2f}"
-                      f"{alarms:>8.0f}{(time.time() - t0) / args.steps:>8.1f}", flush=True)
+                      f"{alarms:>8.0f}{step_s:>8.1f}{time.time() - t0:>8.0f}", flush=True)
             with open(out / variant / "metrics.jsonl", "w") as f:
                 for step, data in mean_over_seeds(runs).items():
                     f.write(json.dumps({"step": step, "data": data}) + "\n")

@@ -1,22 +1,22 @@
-"""The pipeline learns: GRPO, with and without LLDS, on the learnable task (train/learnable.py)
-raises the reward.
+"""The pipeline learns: GRPO + LLDS on the learnable task (train/learnable.py) raises the reward.
 
 The whole production path on CPU (configs/cpu_learn.yaml: verl's trainer, 2 ranks, reference model
 + KL, the search_r1 agent loop against a live BM25 server, the EM reward, the LLDS loss, the collapse
-alarm), from the task's warm start, fixed seeds. The threshold comes from the spread measured over
-seeds with bench/bench_learning.py (README, "A CPU run that learns"). A flipped advantage sign fails
-both runs; a zeroed policy loss fails the LLDS-off run (with LLDS on, the LLDS term alone still
-raises the likelihood of rewarded answers, and the reward); tests/sabotage.py and the same script
-show both.
+alarm), from the task's warm start, 10 steps, fixed seed. The threshold sits between the rise of
+healthy runs and of sabotaged ones, both measured over seeds with bench/bench_learning.py (README,
+"A CPU run that learns"): a flipped advantage sign (reward falls to 0) and a zeroed policy loss
+(only the LLDS term is left, which learns, but slowly) both stay below it (tests/sabotage.py).
 """
 
 import pytest
 
 from train import learnable
 
-STEPS = 20
+STEPS = 10
 SEED = 0
-MIN_RISE = 0.15  # mean reward, last 3 steps minus first 3; see the README for the seeds it comes from
+# mean reward of the last 3 steps minus the first 3: healthy runs 0.35-0.64 over 5 seeds, zeroed
+# policy loss 0.14 or less, flipped advantage -0.07 (README, "A CPU run that learns")
+MIN_RISE = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +39,10 @@ def task_server(task):
     server.close()
 
 
-@pytest.mark.parametrize("llds", ["true", "false"], ids=["grpo_llds", "grpo"])
-def test_training_raises_the_reward(task, task_server, tmp_path, llds):
+def test_grpo_llds_raises_the_reward(task, task_server, tmp_path):
     steps = learnable.run_rl(task, tmp_path / "run", task_server.url, steps=STEPS, seed=SEED,
                              overrides=["trainer.val_before_train=false", "trainer.test_freq=-1",
-                                        f"trainer.save_freq={STEPS}", f"llds.enable={llds}"])
+                                        f"trainer.save_freq={STEPS}"])
     train_steps = [s for s in sorted(steps) if "critic/score/mean" in steps[s]]
     assert train_steps == list(range(1, STEPS + 1))
     first, last = learnable.reward_rise(steps)
@@ -52,7 +51,6 @@ def test_training_raises_the_reward(task, task_server, tmp_path, llds):
     for s in train_steps:
         m = steps[s]
         assert m["search_r1/searches"] > 0.5, (s, m["search_r1/searches"])  # it keeps searching
-        assert "search_r1/lld_alarm" in m and "actor/llds/logp_pos_answer" in m
-        assert ("actor/llds/penalty" in m) == (llds == "true")
+        assert "search_r1/lld_alarm" in m and "actor/llds/logp_pos_answer" in m and "actor/llds/penalty" in m
         assert m["actor/kl_loss"] >= 0
-    assert sum("actor/llds/logp_pos" in steps[s] for s in train_steps) >= STEPS - 2  # NaN: no positive token
+    assert sum("actor/llds/logp_pos" in steps[s] for s in train_steps) >= STEPS - 1  # NaN: no positive token

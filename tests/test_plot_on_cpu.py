@@ -17,7 +17,7 @@ def write_run(path, steps=12, alarm_at=(9,), seed=0.0):
                     "actor/llds/penalty": 0.01, "actor/llds/gated_action_frac": 0.4,
                     "actor/llds/gated_response_frac": 0.5, "actor/llds/logp_pos_a1": -0.5 + 0.02 * s,
                     "actor/llds/logp_pos_a2": -0.9 + 0.03 * s, "actor/llds/logp_pos_a3": 0.0,
-                    "actor/llds/logp_pos_answer": -1.2 + 0.05 * s, "search_r1/lld_alarm": float(s in alarm_at),
+                    "actor/llds/logp_pos_answer": -1.2 + 0.05 * s, "actor/llds/logp_pos": -0.8 + 0.03 * s, "search_r1/lld_alarm": float(s in alarm_at),
                     "training/global_step": s, "some/text": "not a number"}
             f.write(json.dumps({"step": s, "data": data}) + "\n")
             if s % 5 == 0:

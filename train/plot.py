@@ -66,7 +66,7 @@ def keys_matching(runs: list[dict], pattern: str) -> list[str]:
     return sorted(found, key=lambda k: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", k)])
 
 
-def _panel(ax, runs, labels, keys, names, ylabel, title, styles=("-", "--", ":", "-.")):
+def _panel(ax, runs, labels, keys, names, ylabel, title, styles=("-", "--", ":", "-."), gaps=False):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -77,6 +77,10 @@ def _panel(ax, runs, labels, keys, names, ylabel, title, styles=("-", "--", ":",
             xs, ys = series(steps, key)
             if not xs:
                 continue
+            if gaps:  # a step without a value breaks the line instead of bridging it
+                have = dict(zip(xs, ys))
+                train = sorted(s for s in steps if REWARD in steps[s] or s in have)
+                xs, ys = train, [have.get(s, float("nan")) for s in train]
             text = name if len(runs) == 1 else (f"{label}: {name}" if len(keys) > 1 else label)
             ax.plot(xs, ys, styles[j % len(styles)] if len(runs) > 1 else "-",
                     color=colors[(r if len(runs) > 1 else j) % len(colors)], marker="o", markersize=3,
@@ -140,19 +144,27 @@ def plot_runs(runs: list[dict], labels: list[str], out: Path) -> list[Path]:
     axes[1].set_ylim(-0.02, 1.02)
     save(fig, "llds.png")
 
-    # the LLD diagnostic
+    # the LLD diagnostic. The per-position means are logged as 0 where a step has no positive-advantage
+    # token at that position (and logp_pos is then absent): those points are not drawn.
     fig, ax = plt.subplots(figsize=(12, 4.8))
     pos = keys_matching(runs, r"actor/llds/logp_pos_a\d+")
-    pos = [k for k in pos if any(series(s, k)[1] and any(v != 0 for v in series(s, k)[1]) for s in runs)]
     keys = pos + ["actor/llds/logp_pos_answer"]
-    names = [f"action {k.rsplit('_a', 1)[1]}" for k in pos] + ["answer span"]
-    _panel(ax, runs, labels, keys, names, "mean log-likelihood (nats / token)",
-           "LLD diagnostic: log-likelihood of positive-advantage tokens under the updated policy")
-    for steps in runs:
+    lld_runs = [{s: {k: v for k, v in row.items()
+                     if not (k in keys and (v == 0.0 or ("actor/llds/logp_pos" not in row and REWARD in row)))}
+                 for s, row in steps.items()} for steps in runs]
+    keys = [k for k in keys if any(series(s, k)[0] for s in lld_runs)]
+    names = [f"action {k.rsplit('_a', 1)[1]}" if re.search(r"_a\d+$", k) else "answer span" for k in keys]
+    _panel(ax, lld_runs, labels, keys, names, "mean log-likelihood (nats / token)",
+           "LLD diagnostic: log-likelihood of positive-advantage tokens under the updated policy", gaps=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for r, steps in enumerate(runs):
+        color = colors[r % len(colors)] if len(runs) > 1 else "red"
         for s in [s for s in steps if steps[s].get(ALARM, 0) > 0]:
-            ax.axvline(s, color="red", alpha=0.4, linestyle=":")
+            ax.axvline(s, color=color, alpha=0.5, linestyle=":")
+        if any(steps[s].get(ALARM, 0) > 0 for s in steps):
+            ax.plot([], [], color=color, alpha=0.5, linestyle=":",
+                    label="collapse alarm" if len(runs) == 1 else f"{labels[r]}: collapse alarm")
     if any(steps[s].get(ALARM, 0) > 0 for steps in runs for s in steps):
-        ax.plot([], [], color="red", alpha=0.4, linestyle=":", label="collapse alarm")
         ax.legend(fontsize=8)
     save(fig, "lld.png")
     return written
