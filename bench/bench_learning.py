@@ -74,10 +74,12 @@ def finished(run_dir: Path, steps: int):
 
 
 def mean_over_seeds(runs: list[dict]) -> dict[int, dict[str, float]]:
+    """Per step and metric, the mean over the runs that logged it (a step without positive-advantage
+    tokens logs no ``logp_pos``)."""
     out: dict[int, dict[str, float]] = {}
     for step in sorted(set.intersection(*(set(r) for r in runs))):
-        keys = set.intersection(*(set(r[step]) for r in runs))
-        out[step] = {k: statistics.fmean(r[step][k] for r in runs) for k in keys}
+        keys = set.union(*(set(r[step]) for r in runs))
+        out[step] = {k: statistics.fmean(r[step][k] for r in runs if k in r[step]) for k in keys}
     return out
 
 

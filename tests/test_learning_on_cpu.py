@@ -28,7 +28,7 @@ def task(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def task_server(task):
-    from conftest import LiveServer, free_port
+    from tests.conftest import LiveServer, free_port
     from retrieval.build import build_bm25
     from retrieval.index import load_retriever
     from retrieval.server import create_app
