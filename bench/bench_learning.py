@@ -61,16 +61,19 @@ def serve(index: Path, port: int, log: Path) -> subprocess.Popen:
     raise RuntimeError("the retrieval server did not come up in 120 s")
 
 
-def finished(run_dir: Path, steps: int):
-    """The metrics of a run already complete in ``run_dir`` (all ``steps`` training steps), else None."""
+def finished(run_dir: Path, spec: dict):
+    """The metrics of a run already complete in ``run_dir`` with the same settings (``run.json``,
+    written when it finished) and all its training steps, else None."""
     from train.plot import read_metrics
 
     try:
+        if json.loads((run_dir / "run.json").read_text()) != spec:
+            return None
         metrics = read_metrics(run_dir / "metrics.jsonl")
     except (FileNotFoundError, ValueError):
         return None
     done = [s for s in metrics if "critic/score/mean" in metrics[s]]
-    return metrics if sorted(done) == list(range(1, steps + 1)) else None
+    return metrics if sorted(done) == list(range(1, spec["steps"] + 1)) else None
 
 
 def mean_over_seeds(runs: list[dict]) -> dict[int, dict[str, float]]:
@@ -94,10 +97,11 @@ def main(argv=None) -> None:
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("--no-val", action="store_true", help="skip the held-out EM passes (faster)")
     args = ap.parse_args(argv)
+    if args.window < 1 or args.steps < 2 * args.window:
+        ap.error(f"--steps must be at least 2 x --window ({2 * max(args.window, 1)}), got {args.steps}")
     task, out = (ROOT / args.task).resolve(), (ROOT / args.out).resolve()
-    if not (task / "model" / "model.safetensors").is_file():
-        print(f"building the task and the warm start in {task}", flush=True)
-        learnable.build(task)
+    print(f"task and warm start: {task}", flush=True)
+    learnable.build(task)  # reuses an identical finished build; refuses one made with other settings
     if not (task / "bm25" / "manifest.json").is_file():
         subprocess.run([sys.executable, "-m", "retrieval.build", "--corpus", str(task / "corpus.jsonl"),
                         "--out", str(task / "bm25"), "--kind", "bm25"], check=True, cwd=ROOT,
@@ -116,11 +120,14 @@ def main(argv=None) -> None:
             for seed in args.seeds:
                 run_dir = out / variant / f"seed{seed}"
                 t0 = time.time()
-                steps = finished(run_dir, args.steps)  # an interrupted benchmark resumes where it stopped
+                spec = {"task": str(task), "steps": args.steps, "seed": seed, "plugins": plugins,
+                        "overrides": [*overrides, *extra, f"trainer.save_freq={10 * args.steps}"]}
+                steps = finished(run_dir, spec)  # an interrupted benchmark resumes where it stopped
                 if steps is None:
+                    (run_dir / "run.json").unlink(missing_ok=True)
                     steps = learnable.run_rl(task, run_dir, url, steps=args.steps, seed=seed,
-                                             overrides=[*overrides, *extra, f"trainer.save_freq={10 * args.steps}"],
-                                             plugins=plugins)
+                                             overrides=spec["overrides"], plugins=plugins)
+                    (run_dir / "run.json").write_text(json.dumps(spec))
                 first, last = learnable.reward_rise(steps, args.window)
                 searches = min(m["search_r1/searches"] for m in steps.values() if "search_r1/searches" in m)
                 alarms = sum(m.get("search_r1/lld_alarm", 0) for m in steps.values())

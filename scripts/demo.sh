@@ -21,8 +21,8 @@ OUT=${DEMO_DIR:-runs/demo}
 STEPS=${STEPS:-30}
 PORT=${PORT:-8000}
 URL=http://127.0.0.1:$PORT
-TASK=$OUT/task
-RUN=$OUT/learn
+[[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 6 ] \
+  || { echo "error: STEPS must be an integer >= 6 (the reward table compares the first and last 3 steps), got '$STEPS'" >&2; exit 2; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)  # absolute: the trainer's workers write the metrics file
 TASK=$OUT/task RUN=$OUT/learn
@@ -32,12 +32,7 @@ START=$(date +%s)
 elapsed() { echo "[$(( $(date +%s) - START )) s]"; }
 
 echo "== 1. the learnable task and the warm start ($TASK)"
-if [ -f "$TASK/model/model.safetensors" ] && [ -f "$TASK/data/train.parquet" ]; then
-  echo "reusing the warm start in $TASK/model (delete $TASK to build it again)"
-else
-  rm -rf "$TASK"
-  "$PY" -m train.learnable "$TASK" 2>&1 | grep -v "Writing model\|Loading weights"
-fi
+"$PY" -m train.learnable "$TASK" 2>&1 | grep -v "Writing model\|Loading weights"  # reuses an identical build
 elapsed
 
 echo "== 2. BM25 index + retrieval server (log: $OUT/retriever.log)"

@@ -106,8 +106,34 @@ def test_cli_refuses_to_overwrite_a_warm_start(tmp_path):
         learnable.main([str(tmp_path)])
 
 
+def test_a_finished_build_is_reused_only_with_the_same_settings(tmp_path, capsys):
+    """make demo and the benchmark rerun the build: same settings -> reused; other settings (or a
+    build cut short, which wrote no build.json) -> refused, naming both."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.parquet").write_text("")
+    settings = {"facts": 300, "holdout": 20, "seed": 0, "sft_steps": 1000, "wrong_rate": 0.8}
+    (tmp_path / learnable.BUILD_FILE).write_text(json.dumps(settings))
+    learnable.main([str(tmp_path)])
+    assert "reusing the warm start" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"built with other settings .*'wrong_rate': 0.8.*'wrong_rate': 0.5"):
+        learnable.main([str(tmp_path), "--wrong-rate", "0.5"])
+
+
 def test_reward_rise():
     steps = {0: {"val-core/facts/reward/mean@1": 0.0}, **{s: {"critic/score/mean": s / 10} for s in range(1, 9)}}
     assert learnable.reward_rise(steps) == pytest.approx((0.2, 0.7))
     with pytest.raises(ValueError, match="at least 6"):
         learnable.reward_rise({1: {"critic/score/mean": 0.1}})
+
+
+def test_demo_refuses_a_bad_step_count_before_any_work():
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(["bash", "scripts/demo.sh"], cwd=root, env={**os.environ, "STEPS": "5"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "STEPS must be an integer >= 6" in r.stderr and "got '5'" in r.stderr

@@ -39,6 +39,7 @@ from typing import Callable, Optional, Sequence
 TOPK = 1
 MAX_OBS_TOKENS = 64
 SOURCE = "facts"
+BUILD_FILE = "build.json"  # the settings a finished build used; a rerun with the same ones reuses it
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kr", "tr"]
 _VOWELS = ["a", "e", "i", "o", "u"]
@@ -159,8 +160,13 @@ def build(out: Path, *, facts: int = 300, holdout: int = 20, seed: int = 0, sft_
     if not 0 < holdout < facts:
         raise ValueError(f"--holdout must lie in (0, --facts), got {holdout} of {facts}")
     model = out / "model"
+    settings = {"facts": facts, "holdout": holdout, "seed": seed, "sft_steps": sft_steps, "wrong_rate": wrong_rate}
     if (model / "config.json").exists():
-        raise FileExistsError(f"{model} exists already; remove it to build a new warm start")
+        built = json.loads((out / BUILD_FILE).read_text()) if (out / BUILD_FILE).is_file() else None
+        if built == settings and (out / "data" / "train.parquet").is_file():
+            return {"reused": True, "model": str(model), **settings}
+        raise FileExistsError(f"{model} exists already, built with other settings ({built} vs {settings} now); "
+                              f"remove {out} to build a new warm start")
     corpus, qa = write_task(out, facts, seed)
     records = _records(qa)
     train, test = records[:-holdout], records[-holdout:]
@@ -177,6 +183,7 @@ def build(out: Path, *, facts: int = 300, holdout: int = 20, seed: int = 0, sft_
                                      count_tokens=count_tokens)
 
     stats = sft_protocol(model, trajectories, steps=sft_steps, batch=16, lr=3e-3, seed=seed, progress=progress)
+    (out / BUILD_FILE).write_text(json.dumps(settings))  # last: a build cut short is not reused
     return {"corpus": str(corpus), "qa": str(qa), "model": str(model), "train": len(train), "test": len(test),
             **stats}
 
@@ -235,6 +242,9 @@ def main(argv=None) -> None:
                       wrong_rate=args.wrong_rate, holdout=args.holdout)
     except (ValueError, FileExistsError) as e:
         raise SystemExit(f"error: {e}") from None
+    if stats.get("reused"):
+        print(f"reusing the warm start in {stats['model']} (same settings; delete {args.out_dir} to rebuild)")
+        return
     print(f"task: {stats['train']} train + {stats['test']} test questions over {args.facts} passages")
     print(f"warm start: {stats['examples']} scripted trajectories, loss {stats['first_loss']:.2f} -> "
           f"{stats['last_loss']:.3f} over {args.sft_steps} steps; model: {stats['model']}")
