@@ -127,8 +127,8 @@ def protocol_trajectories(qa: Path, corpus: Path, limit: int = 400,
 
 def sft_protocol(model_dir: str | os.PathLike, trajectories, *, steps: int = 300, batch: int = 8,
                  lr: float = 3e-3, seed: int = 0, max_tokens: int = 384, progress: bool = False) -> dict:
-    """Supervised steps on scripted Search-R1 trajectories, ``[(question, [(text, trained?), ...]), ...]``
-    or a function ``count_tokens -> trajectories`` (observations sized in the policy's tokens).
+    """Supervised steps on scripted Search-R1 trajectories: ``trajectories(count_tokens)`` returns
+    ``[(question, [(text, trained?), ...]), ...]`` (observations sized in the policy's tokens).
     Only the ``trained`` parts carry loss (observation tokens do not), plus the final EOS."""
     import random
 
@@ -141,9 +141,7 @@ def sft_protocol(model_dir: str | os.PathLike, trajectories, *, steps: int = 300
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     examples = []
     count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
-    if callable(trajectories):
-        trajectories = trajectories(count)
-    for q, parts in trajectories:
+    for q, parts in trajectories(count):
         ids = tok.encode(protocol.render_prompt(tok, q), add_special_tokens=False)
         labels = [-100] * len(ids)
         for text, trained in parts:
