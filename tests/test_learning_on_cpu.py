@@ -8,15 +8,23 @@ healthy runs and of sabotaged ones, both measured over seeds with bench/bench_le
 (only the LLDS term is left, which learns, but slowly) both stay below it (tests/sabotage.py).
 """
 
+import statistics
+
 import pytest
 
 from train import learnable
 
 STEPS = 10
 SEED = 0
-# mean reward of the last 3 steps minus the first 3: healthy runs 0.35-0.64 over 5 seeds, zeroed
-# policy loss 0.14 or less, flipped advantage -0.07 (README, "A CPU run that learns")
+# The rise: median reward of the last 3 steps minus the mean of the first 3. The median lets one
+# step dip (a one-step dip happens in healthy runs, README "A CPU run that learns") without failing.
+# Measured over 10 steps: healthy runs +0.349/+0.562/+0.484/+0.656/+0.469 (seeds 0-4), zeroed policy
+# loss +0.198/+0.115/+0.089, flipped advantage -0.073.
 MIN_RISE = 0.25
+# It keeps searching: the median step has >= 0.8 searches per trajectory (healthy runs: 0.98-1.00;
+# single steps dip, to 0.31 once on CI, at step 3) and so do the last 3 steps on average (>= 0.5).
+MIN_MEDIAN_SEARCHES = 0.8
+MIN_LAST_SEARCHES = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +53,16 @@ def test_grpo_llds_raises_the_reward(task, task_server, tmp_path):
                                         f"trainer.save_freq={STEPS}"])
     train_steps = [s for s in sorted(steps) if "critic/score/mean" in steps[s]]
     assert train_steps == list(range(1, STEPS + 1))
-    first, last = learnable.reward_rise(steps)
-    rewards = [round(steps[s]["critic/score/mean"], 3) for s in train_steps]
-    assert last - first >= MIN_RISE, f"reward did not rise enough: {first:.3f} -> {last:.3f}; per step {rewards}"
+    rewards = [steps[s]["critic/score/mean"] for s in train_steps]
+    searches = [steps[s]["search_r1/searches"] for s in train_steps]
+    table = "per step: reward " + " ".join(f"{r:.2f}" for r in rewards) + "; searches " + \
+        " ".join(f"{x:.2f}" for x in searches)
+    first, end = sum(rewards[:3]) / 3, statistics.median(rewards[-3:])
+    assert end - first >= MIN_RISE, f"reward did not rise enough: {first:.3f} -> {end:.3f}; {table}"
+    assert statistics.median(searches) >= MIN_MEDIAN_SEARCHES, f"it stopped searching; {table}"
+    assert sum(searches[-3:]) / 3 >= MIN_LAST_SEARCHES, f"it stopped searching; {table}"
     for s in train_steps:
         m = steps[s]
-        assert m["search_r1/searches"] > 0.5, (s, m["search_r1/searches"])  # it keeps searching
         assert "search_r1/lld_alarm" in m and "actor/llds/logp_pos_answer" in m and "actor/llds/penalty" in m
         assert m["actor/kl_loss"] >= 0
     assert sum("actor/llds/logp_pos" in steps[s] for s in train_steps) >= STEPS - 1  # NaN: no positive token
