@@ -57,3 +57,13 @@ def test_bad_values_are_named():
         check_config(load("grpo", ["+search_r1.top_k=3"]))
     with pytest.raises(ValueError, match="use_v1"):
         check_config(load("grpo", ["trainer.use_v1=true"]))
+
+
+@pytest.mark.parametrize("name,dtype", [*[(p, "bf16") for p in PRESETS], ("cpu_smoke", "fp32"), ("cpu_learn", "fp32")])
+def test_compute_precision_is_explicit_and_shared_by_actor_and_ref(name, dtype):
+    """verl's FSDP engine reads only fsdp_config.mixed_precision (unset: bf16 autocast); the actor and
+    the reference model compute the KL between them, so they compute in the same precision."""
+    a = load(name).actor_rollout_ref
+    want = {"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    assert dict(a.actor.fsdp_config.mixed_precision) == want
+    assert dict(a.ref.fsdp_config.mixed_precision) == want
