@@ -137,3 +137,11 @@ def test_demo_refuses_a_bad_step_count_before_any_work():
     r = subprocess.run(["bash", "scripts/demo.sh"], cwd=root, env={**os.environ, "STEPS": "5"},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "STEPS must be an integer >= 6" in r.stderr and "got '5'" in r.stderr
+
+
+def test_bench_refuses_too_few_steps_before_any_work(capsys):
+    from bench.bench_learning import main as bench
+
+    with pytest.raises(SystemExit) as e:
+        bench(["--steps", "5", "--window", "3", "--out", "/nonexistent/never_written"])
+    assert e.value.code == 2 and "--steps must be at least 2 x --window (6), got 5" in capsys.readouterr().err
