@@ -20,7 +20,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml ci/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing the CPU stack into $(VENV) (torch 2.13.0 CPU, verl 0.9.1, ...)"
-	@$(PIP_INSTALL) torch==2.13.0 -e '.[cpu,dev]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
+	@$(PIP_INSTALL) torch==2.13.0 -e '.[dev]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
 	@touch $(STAMP)
 
 test: $(STAMP)
@@ -43,9 +43,11 @@ learn-compare: $(STAMP)
 	$(PY) bench/bench_learning.py --variants llds_on llds_off --seeds 0 1 2 --steps 20 --out runs/learn_compare
 
 # Resolve the GPU install (.[gpu,lucene,dev], Linux x86_64) without installing it and check it:
-# one FAISS (the GPU build), torch 2.11.0 + vLLM 0.24.0, the presets' attention backend. Needs PyPI.
-check-gpu-install: $(STAMP)
-	$(PY) scripts/check_gpu_install.py
+# one FAISS (faiss-cpu; GPU search in torch), torch 2.11.0 + vLLM 0.24.0, the presets' attention backend,
+# the GPU architectures of the torch wheel. Runs with the active environment's python3 (standard
+# library + pip only); builds no .venv. Needs PyPI.
+check-gpu-install:
+	$(PYTHON) scripts/check_gpu_install.py
 
 bench: $(STAMP)
 	$(PY) bench/bench_retrieval.py

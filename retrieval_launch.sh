@@ -41,6 +41,7 @@ case "$RETRIEVER" in
       echo "  bash scripts/download_wiki18.sh $WIKI18 corpus,bm25" >&2
       exit 1
     fi
+    need_stack "RETRIEVER=lucene (the lucene extra)" pyserini
     exec "$PY" -m retrieval.server --kind lucene --index "$WIKI18/bm25" --corpus "$WIKI18/wiki-18.jsonl" \
       --host "$HOST" --port "$PORT" "$@" ;;
   *) echo "unknown RETRIEVER=$RETRIEVER (minilm | bm25 | e5 | e5-hnsw | lucene)" >&2; exit 2 ;;

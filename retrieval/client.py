@@ -11,6 +11,7 @@ the documented shape raises :class:`RetrievalResponseError`.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from typing import Optional, Sequence
@@ -194,8 +195,25 @@ class LocalRetrievalClient:
         pass
 
 
-def wait_healthy(url: str, wait: float = 0.0, interval: float = 1.0) -> bool:
-    """True once ``GET /health`` answers 200 (polling for up to ``wait`` seconds)."""
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a child that exited but was not reaped yet is a zombie: dead for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def wait_healthy(url: str, wait: float = 0.0, interval: float = 1.0, pid: Optional[int] = None) -> bool:
+    """True once ``GET /health`` answers 200 (polling for up to ``wait`` seconds); False at once
+    when process ``pid`` (the server being started) has exited."""
     client = RetrievalClient(url, timeout=5)
     deadline = time.monotonic() + wait
     while True:
@@ -203,7 +221,7 @@ def wait_healthy(url: str, wait: float = 0.0, interval: float = 1.0) -> bool:
             client.health()
             return True
         except Exception:
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or (pid is not None and not _alive(pid)):
                 return False
             time.sleep(interval)
 
@@ -216,10 +234,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m retrieval.client", description=main.__doc__)
     ap.add_argument("url", help="server base URL or its /retrieve endpoint")
     ap.add_argument("--wait", type=float, default=0.0, help="seconds to keep polling /health")
+    ap.add_argument("--pid", type=int, default=None,
+                    help="the server's process: stop waiting (exit 3) as soon as it has exited")
     args = ap.parse_args(argv)
     if args.wait < 0:
         ap.error("--wait must be >= 0")
-    return 0 if wait_healthy(args.url, args.wait) else 1
+    if wait_healthy(args.url, args.wait, pid=args.pid):
+        return 0
+    if args.pid is not None and not _alive(args.pid):
+        print(f"the retrieval server (pid {args.pid}) exited before answering at {args.url}", file=sys.stderr)
+        return 3
+    return 1
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Search indexes and the retriever that ties encoder + index + corpus together.
 
-- :class:`DenseIndex`: FAISS (any factory string: ``Flat``, ``HNSW64``, ``IVF4096,PQ64`` ...),
-  inner product; memory-mapped loading of on-disk flat indexes; GPU, sharded over all GPUs,
-  when faiss-gpu is installed and asked for.
+- :class:`DenseIndex`: FAISS on CPU (any factory string: ``Flat``, ``HNSW64``, ``IVF4096,PQ64`` ...),
+  inner product; memory-mapped loading of on-disk flat indexes. With ``gpu``, flat indexes are
+  searched exactly in torch, sharded over all GPUs (:mod:`retrieval.flat`).
 - :class:`BM25Index`: bm25s (embedded, the default sparse index).
 - :class:`LuceneIndex`: pyserini/Lucene, to serve Search-R1's prebuilt wiki-18 BM25 index.
 
@@ -30,9 +30,9 @@ def import_faiss():
     try:
         import faiss
     except ImportError as e:
-        raise ImportError(f"dense retrieval needs FAISS, which is not importable ({e}). Install one build: "
-                          "pip install -e '.[cpu]' (faiss-cpu) or pip install -e '.[gpu]' (faiss-gpu-cu12); "
-                          "conda: the environment.yml's faiss-gpu. Never both: they share the faiss/ package.") from e
+        raise ImportError(f"dense retrieval needs FAISS, which is not importable ({e}). This project depends on "
+                          "faiss-cpu (pip install -e .); GPU search runs in torch. Do not install a second FAISS "
+                          "build (faiss-gpu-*, conda's faiss): they share the faiss/ package.") from e
     return faiss
 
 
@@ -75,20 +75,19 @@ class DenseIndex:
         faiss.write_index(self.index, str(path))
 
     @staticmethod
-    def load(path: str | os.PathLike, *, mmap: bool = False, gpu: bool = False) -> "DenseIndex":
+    def load(path: str | os.PathLike, *, mmap: bool = False, gpu: bool = False):
+        """A FAISS index on CPU; with ``gpu``, a flat index searched exactly in torch on every GPU
+        (:class:`retrieval.flat.TorchFlatIndex`: fp16 shards; faiss-gpu's PyPI wheels lack sm_90)."""
+        if gpu:
+            from retrieval.flat import TorchFlatIndex
+
+            return TorchFlatIndex.load(path)
         faiss = import_faiss()
 
         if not Path(path).is_file():
             raise FileNotFoundError(f"FAISS index not found: {path}")
         flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
         index = faiss.read_index(str(path), flags)
-        if gpu:
-            if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
-                raise RuntimeError("--gpu asked for, but this FAISS build has no GPU support or sees no GPU "
-                                   "(install the 'gpu' extra: faiss-gpu)")
-            co = faiss.GpuMultipleClonerOptions()
-            co.shard, co.useFloat16 = True, True
-            index = faiss.index_cpu_to_all_gpus(index, co=co)
         return DenseIndex(index)
 
     @property

@@ -455,7 +455,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-batch", type=int, default=256, help="queries per encoder/index call (1 = no batching)")
     ap.add_argument("--max-wait-ms", type=float, default=0.0,
                     help="extra wait for more queries after the first (0: batch what queued meanwhile)")
-    ap.add_argument("--gpu", action="store_true", help="FAISS on all GPUs (sharded, fp16)")
+    ap.add_argument("--gpu", action="store_true",
+                    help="flat index searched exactly in torch on all GPUs (fp16 shards; capability checked)")
     ap.add_argument("--mmap", action="store_true", help="memory-map an on-disk flat index")
     ap.add_argument("--device", default=None, help="encoder device (default: cuda if available)")
     args = ap.parse_args(argv)
@@ -465,12 +466,13 @@ def main(argv=None) -> None:
         ap.error("--topk must be between 1 and 100")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from retrieval.corpus import CorpusError
+    from retrieval.flat import FlatIndexError, UnsupportedGPU
     from retrieval.index import IndexLoadError
 
     try:
         retriever = load_retriever(args.index, args.corpus, encoder=args.encoder, kind=args.kind, mmap=args.mmap,
                                    gpu=args.gpu, device=args.device)
-    except (CorpusError, IndexLoadError, FileNotFoundError) as e:
+    except (CorpusError, IndexLoadError, FileNotFoundError, FlatIndexError, UnsupportedGPU) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
     cfg = ServerConfig(default_topk=args.topk, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)

@@ -2,6 +2,14 @@
 source "$(dirname "${BASH_SOURCE[0]}")/_python.sh"
 MODEL=${MODEL:-Qwen/Qwen2.5-3B}
 DATA_DIR=${DATA_DIR:-data/processed}
+# REHEARSAL=cpu: the preset on a CPU machine with a tiny model (MODEL=a local path), 2 ranks; only what
+# the hardware forces changes (configs/rehearsal/cpu.yaml, train/rehearsal.py).
+REHEARSAL=${REHEARSAL:-}
+case "$REHEARSAL" in
+  "") ;;
+  cpu) export VERL_PLATFORM=cpu; N_GPUS=${N_GPUS:-2} ;;
+  *) echo "error: REHEARSAL=$REHEARSAL: the only rehearsal is REHEARSAL=cpu" >&2; exit 2 ;;
+esac
 N_GPUS=${N_GPUS:-8}
 NNODES=${NNODES:-1}
 RETRIEVER_URL=${RETRIEVER_URL:-http://127.0.0.1:8000/retrieve}
@@ -26,6 +34,13 @@ run_preset() {  # preset, extra hydra overrides...
   local preset=$1; shift
   check_retriever
   local geom; geom=$(geometry "$preset")
+  if [ -n "$REHEARSAL" ]; then
+    geom="$geom $("$PY" -m train.rehearsal "$preset" --ranks $((N_GPUS * NNODES)))" || exit 2
+    echo "rehearsal ($REHEARSAL): $preset with $geom"
+  else
+    need_stack "training (the presets roll out with vLLM)" vllm
+  fi
+  echo "python: $PY ($PY_WHY)"
   # shellcheck disable=SC2086
   exec "$PY" -m train.main --config-name "$preset" $geom \
     actor_rollout_ref.model.path="$MODEL" \

@@ -1,69 +1,173 @@
 """Resolve the GPU install without installing it, and check what a GPU user would get.
 
-    python scripts/check_gpu_install.py [--extras gpu,lucene,dev] [--report FILE]
-    make check-gpu-install
+    python scripts/check_gpu_install.py [--extras gpu,lucene,dev] [--report FILE] [--no-archs]
+    make check-gpu-install      # with the active environment's python3 (builds no .venv)
 
 Runs ``pip install --dry-run --ignore-installed --report`` of ``.[gpu,lucene,dev]`` (what the README
 and environment.yml install) for this machine's platform, which must be Linux x86_64 with a Python
 the project supports, and asserts:
 
-- exactly one FAISS distribution, the GPU one (faiss-cpu and faiss-gpu-* share the ``faiss/`` package);
+- exactly one FAISS distribution, faiss-cpu (every faiss build writes the ``faiss/`` package; GPU search
+  runs in torch, ``retrieval/flat.py``: the PyPI faiss-gpu-cu12 wheels have no sm_90 code);
 - the attention backend the presets name is there: ``sdpa`` ships with torch; ``flash_attention_2``
   would need flash-attn, which has no binary wheel on PyPI, so it must not be the preset default;
 - the torch / vLLM pair verl 0.9.1's vLLM extra pins (torch 2.11.0, vllm 0.24.0), and a transformers
-  inside verl's range.
+  inside verl's range;
+- the GPU architectures the resolved torch wheel has kernels for (the GPU search and training run on
+  them): its ``libtorch_cuda.so`` is read from PyPI with HTTP range requests (about 300 MB of the
+  wheel) and the CUDA fat binaries in it are listed; sm_80 (A100) and sm_90 (H100/H200) must be there.
 
-Needs PyPI (package metadata only: about 1-2 minutes). Exit 0 when every check passes.
+Needs PyPI. Standard library only, so it runs in any Python with pip. Exit 0 when every check passes.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import platform
+import re
+import struct
 import subprocess
 import sys
 import tempfile
+import urllib.request
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = {"torch": "2.11.0", "vllm": "0.24.0"}
 TRANSFORMERS_RANGE = ((5, 5, 3), (5, 11, 0))  # verl 0.9.1: >=5.5.3, <5.11 (and != 5.6.0)
+REQUIRED_ARCHS = ("sm_80", "sm_90")  # A100; H100 / H200
+TORCH_CUDA_LIB = "torch/lib/libtorch_cuda.so"
 
 
-def resolve(extras: str, report: Path) -> dict[str, str]:
+def resolve(extras: str, report: Path) -> dict:
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
            "--disable-pip-version-check", "--report", str(report), f"{ROOT}[{extras}]"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         err = "\n".join(line for line in r.stderr.splitlines() if "is ignored: it is neither" not in line)
         raise SystemExit(f"pip could not resolve .[{extras}]:\n{err[-4000:]}")
-    data = json.loads(report.read_text())
-    return {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in data["install"]}
+    return json.loads(report.read_text())
+
+
+def dists_of(report: dict) -> dict[str, str]:
+    return {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in report["install"]}
+
+
+def url_of(report: dict, name: str) -> str | None:
+    for i in report["install"]:
+        if i["metadata"]["name"].lower() == name:
+            return (i.get("download_info") or {}).get("url")
+    return None
 
 
 def preset_attention() -> set[str]:
-    import yaml
-
+    """The attention backends the presets name (``attn_implementation: X`` lines outside comments)."""
     found = set()
-    for path in sorted((ROOT / "configs").glob("*.yaml")):
-        if path.name == "cpu_smoke.yaml":
-            continue
-        text = yaml.safe_load(path.read_text()) or {}
-        for section in (text.get("actor_rollout_ref", {}).get("model", {}), text.get("critic", {}).get("model", {})):
-            impl = (section.get("override_config") or {}).get("attn_implementation")
-            if impl:
-                found.add(impl)
+    for path in sorted((ROOT / "configs").rglob("*.yaml")):
+        for line in path.read_text().splitlines():
+            m = re.match(r"\s*attn_implementation:\s*([A-Za-z0-9_]+)", line.split("#", 1)[0])
+            if m:
+                found.add(m.group(1))
     return found
+
+
+class HTTPRangeFile(io.RawIOBase):
+    """A read-only, seekable file over HTTP range requests (reads ahead ``block`` bytes)."""
+
+    def __init__(self, url: str, block: int = 1 << 20):
+        self.url, self.block, self.pos = url, block, 0
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=60) as r:
+            self.size = int(r.headers["Content-Length"])
+            if r.headers.get("Accept-Ranges", "").lower() != "bytes":
+                raise OSError(f"{url} does not serve byte ranges")
+        self._buf_start, self._buf = 0, b""
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence] + offset
+        return self.pos
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        req = urllib.request.Request(self.url, headers={"Range": f"bytes={start}-{end - 1}"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return r.read()
+
+    def readinto(self, b):
+        n = min(len(b), self.size - self.pos)
+        if n <= 0:
+            return 0
+        lo, hi = self.pos - self._buf_start, self.pos - self._buf_start + n
+        if lo < 0 or hi > len(self._buf):
+            self._buf_start = self.pos
+            self._buf = self._fetch(self.pos, min(self.size, self.pos + max(n, self.block)))
+            lo, hi = 0, n
+        b[:n] = self._buf[lo:hi]
+        self.pos += n
+        return n
+
+
+def fatbin_archs(blob: bytes) -> set[str]:
+    """The architectures of the CUDA fat binaries in a shared library: ``sm_XY`` for compiled code
+    (SASS), ``compute_XY`` for PTX. Fat binary: magic 0xBA55ED50, u16 version, u16 header size,
+    u64 payload size; entries: u16 kind (1 PTX, 2 ELF), u16, u32 entry header size, u64 size, ...,
+    u32 arch at offset 28."""
+    found, magic = set(), struct.pack("<I", 0xBA55ED50)
+    pos = blob.find(magic)
+    while pos != -1:
+        _, header, size = struct.unpack_from("<HHQ", blob, pos + 4)
+        p, end = pos + header, pos + header + size
+        while p + 32 <= min(end, len(blob)):
+            kind, _, entry_header, entry_size = struct.unpack_from("<HHIQ", blob, p)
+            if kind not in (1, 2) or entry_header < 32:
+                break
+            arch = struct.unpack_from("<I", blob, p + 28)[0]
+            found.add(f"{'compute' if kind == 1 else 'sm'}_{arch}")
+            p += entry_header + entry_size
+        pos = blob.find(magic, pos + 4)
+    return found
+
+
+def wheel_archs(url_or_path: str, member: str = TORCH_CUDA_LIB) -> set[str]:
+    """The GPU architectures compiled into ``member`` of a wheel (a URL, read by ranges, or a file)."""
+    src = HTTPRangeFile(url_or_path) if url_or_path.startswith(("http://", "https://")) else open(url_or_path, "rb")
+    with src, zipfile.ZipFile(src) as z:
+        return fatbin_archs(z.read(member))
+
+
+def arch_key(arch: str) -> tuple[int, str]:
+    return int(re.sub(r"\D", "", arch) or 0), arch
+
+
+def check_archs(archs: set[str], required=REQUIRED_ARCHS) -> list[str]:
+    missing = []
+    for need in required:
+        cap = int(need.split("_")[1])
+        same_major = [a for a in archs if a.startswith("sm_") and a.split("_")[1].isdigit()
+                      and int(a.split("_")[1]) // 10 == cap // 10 and int(a.split("_")[1]) <= cap]
+        ptx = [a for a in archs if a.startswith("compute_") and int(re.sub(r"\D", "", a)) <= cap]
+        if not same_major and not ptx:
+            missing.append(need)
+    return [f"the resolved torch has no GPU code for {', '.join(missing)} (it has {' '.join(sorted(archs, key=arch_key))}"
+            f"): training and GPU search would fail there with 'no kernel image is available'"] if missing else []
 
 
 def check(dists: dict[str, str], attention: set[str]) -> list[str]:
     problems = []
     faiss = sorted(n for n in dists if n == "faiss" or n.startswith("faiss-"))
-    if len(faiss) != 1:
-        problems.append(f"expected exactly one FAISS distribution, got {faiss or 'none'}")
-    elif "gpu" not in faiss[0] and "cuda" not in faiss[0]:
-        problems.append(f"the GPU install resolves a CPU FAISS ({faiss[0]}): RETRIEVER=e5 would have no GPU support")
+    if faiss != ["faiss-cpu"]:
+        problems.append(f"expected exactly one FAISS distribution, faiss-cpu (GPU search runs in torch), got "
+                        f"{faiss or 'none'}")
     for name, version in EXPECTED.items():
         if dists.get(name) != version:
             problems.append(f"{name}: expected {version} (verl 0.9.1's vLLM extra), got {dists.get(name)}")
@@ -89,24 +193,37 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--extras", default="gpu,lucene,dev")
     ap.add_argument("--report", default=None, help="keep pip's JSON report here")
+    ap.add_argument("--no-archs", action="store_true", help="skip reading the torch wheel's GPU architectures")
     args = ap.parse_args(argv)
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         print(f"error: resolves for this machine's platform; run it on Linux x86_64 "
               f"(this is {platform.system()} {platform.machine()})", file=sys.stderr)
         return 2
+    print(f"resolving .[{args.extras}] with {sys.executable} (pip --dry-run; nothing is installed)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(args.report or Path(tmp) / "report.json")
-        dists = resolve(args.extras, report)
+        report = resolve(args.extras, Path(args.report or Path(tmp) / "report.json"))
+    dists = dists_of(report)
     attention = preset_attention()
     faiss = [f"{n} {v}" for n, v in dists.items() if n.startswith("faiss")]
     print(f".[{args.extras}] resolves {len(dists)} distributions: torch {dists.get('torch')}, vllm "
           f"{dists.get('vllm')}, transformers {dists.get('transformers')}, {', '.join(faiss) or 'no faiss'}; "
           f"flash-attn {'yes' if 'flash-attn' in dists else 'no'}; preset attention {sorted(attention)}")
     problems = check(dists, attention)
+    if not args.no_archs:
+        url = url_of(report, "torch")
+        if not url:
+            problems.append("pip's report has no download URL for torch")
+        else:
+            print(f"reading the GPU architectures of {url.rsplit('/', 1)[-1]} ({TORCH_CUDA_LIB}) ...", flush=True)
+            archs = wheel_archs(url)
+            print(f"torch {dists.get('torch')} GPU code (training and GPU search): "
+                  f"{' '.join(sorted(archs, key=arch_key)) or 'none'}")
+            problems += check_archs(archs)
     for p in problems:
         print(f"FAIL: {p}", file=sys.stderr)
     if not problems:
-        print("ok: one FAISS (GPU), torch/vLLM pair as pinned, attention backend available")
+        print(f"ok: one FAISS (faiss-cpu; GPU search in torch), torch/vLLM pair as pinned, attention backend "
+              f"available{'' if args.no_archs else ', GPU code for ' + ' and '.join(REQUIRED_ARCHS)}")
     return 1 if problems else 0
 
 

@@ -7,5 +7,6 @@ source scripts/_common.sh
 CKPT=${1:?usage: scripts/evaluate.sh CKPT [args]}; shift
 check_retriever
 BACKEND=${BACKEND:-vllm}
+[ "$BACKEND" = vllm ] && need_stack "BACKEND=vllm (BACKEND=hf: transformers, any device)" vllm
 exec "$PY" -m train.evaluate --model "$CKPT" --data "$DATA_DIR/test.parquet" --backend "$BACKEND" \
   --retriever-url "${RETRIEVER_URL%/retrieve}" "$@"

@@ -35,7 +35,12 @@ if ! "$PY" -m retrieval.client "$base"; then
   echo "starting the e5 retriever (log: runs/retriever.log) ..."
   mkdir -p runs
   RETRIEVER=e5 WIKI18=$WIKI18 nohup bash retrieval_launch.sh > runs/retriever.log 2>&1 &
-  "$PY" -m retrieval.client "$base" --wait 1800 || { echo "the retriever did not come up; see runs/retriever.log" >&2; exit 1; }
+  # loading 21M vectors takes minutes; stop waiting at once if the retriever process dies
+  if ! "$PY" -m retrieval.client "$base" --wait 1800 --pid $!; then
+    echo "error: the retriever did not come up; the end of runs/retriever.log:" >&2
+    tail -n 20 runs/retriever.log >&2
+    exit 1
+  fi
 fi
 
 if [ ! -d "$CKPT_DIR/global_step_$STEP" ]; then

@@ -82,40 +82,44 @@ def test_sdpa_on_packed_sequences_equals_separate_forwards(tiny_model_dir):
 # 3. one FAISS per install ---------------------------------------------------------------------------
 
 def test_exactly_one_faiss_per_install_path():
+    """faiss-cpu in every install (all FAISS builds write the faiss/ package); GPU search runs in torch."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     faiss = lambda reqs: [r for r in reqs if r.lower().startswith("faiss")]
-    assert faiss(project["dependencies"]) == []
-    extras = project["optional-dependencies"]
-    assert faiss(extras["cpu"]) == ["faiss-cpu>=1.8"]
-    assert len(faiss(extras["gpu"])) == 1 and "gpu" in faiss(extras["gpu"])[0]
-    for name in ("vllm", "lucene", "dev"):
-        assert faiss(extras[name]) == [], name
+    assert faiss(project["dependencies"]) == ["faiss-cpu>=1.8"]
+    for name, reqs in project["optional-dependencies"].items():
+        assert faiss(reqs) == [], name
     env = (ROOT / "environment.yml").read_text()
     assert "faiss" not in [line.strip(" -").split("=")[0] for line in env.splitlines() if not line.strip().startswith("#")]
     assert "-e .[gpu,lucene,dev]" in env
-    assert "'.[cpu,dev]'" in (ROOT / "Makefile").read_text()
+    assert "'.[dev]'" in (ROOT / "Makefile").read_text()
 
 
 def test_gpu_install_check_logic():
     sys.path.insert(0, str(ROOT / "scripts"))
-    from check_gpu_install import check, preset_attention
+    from check_gpu_install import check, check_archs, preset_attention
 
-    good = {"torch": "2.11.0", "vllm": "0.24.0", "transformers": "5.9.0", "faiss-gpu-cu12": "1.14.1"}
+    good = {"torch": "2.11.0", "vllm": "0.24.0", "transformers": "5.9.0", "faiss-cpu": "1.15.1"}
     assert preset_attention() == {"sdpa"}
     assert check(good, {"sdpa"}) == []
-    assert any("exactly one FAISS" in p for p in check({**good, "faiss-cpu": "1.15"}, {"sdpa"}))
-    assert any("CPU FAISS" in p for p in check({**{k: v for k, v in good.items() if "faiss" not in k},
-                                                 "faiss-cpu": "1.15"}, {"sdpa"}))
+    assert any("exactly one FAISS" in p for p in check({**good, "faiss-gpu-cu12": "1.14"}, {"sdpa"}))
+    assert any("exactly one FAISS" in p for p in check({**{k: v for k, v in good.items() if "faiss" not in k},
+                                                       "faiss-gpu-cu12": "1.14"}, {"sdpa"}))
     assert any("flash-attn" in p for p in check(good, {"flash_attention_2"}))
     assert any("torch" in p for p in check({**good, "torch": "2.13.0"}, {"sdpa"}))
     assert any("transformers" in p for p in check({**good, "transformers": "5.19.0"}, {"sdpa"}))
+    # GPU code: faiss-gpu-cu12 1.14.1.post1's libfaiss has sm_70 and sm_80 only; torch 2.11.0's sm_75-sm_120
+    assert check_archs({"sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"}) == []
+    problem = check_archs({"sm_70", "sm_80"})
+    assert len(problem) == 1 and "sm_90" in problem[0] and "sm_70 sm_80" in problem[0]
+    assert check_archs({"sm_80", "compute_80"}) == []  # PTX is compiled for newer GPUs at load time
+    assert check_archs({"sm_86", "sm_90"}) and "sm_80" in check_archs({"sm_86", "sm_90"})[0]
 
 
-def test_dense_index_without_faiss_says_which_extra(monkeypatch):
+def test_dense_index_without_faiss_says_what_installs_it(monkeypatch):
     from retrieval import index
 
     monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss -> ImportError
-    with pytest.raises(ImportError, match=r"\.\[cpu\].*\.\[gpu\]"):
+    with pytest.raises(ImportError, match=r"faiss-cpu .*GPU search runs in torch"):
         index.import_faiss()
 
 

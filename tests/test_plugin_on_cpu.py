@@ -21,7 +21,10 @@ def test_import_verl_loads_plugin_in_fresh_process():
               "assert 'train.plugin' in sys.modules, 'plugin module not loaded by import verl'\n"
               "assert _agent_loop_registry['search_r1']['_target_'] == 'train.agent_loop.SearchR1AgentLoop'\n"
               "import train.plugin\n"
-              "assert train.plugin.REGISTERED == {'agent_loop': 'search_r1', 'rollout': 'hf', 'user_plugins': []}\n"
+              "assert train.plugin.REGISTERED == {'agent_loop': 'search_r1', 'rollout': 'hf', 'logprobs': 'chunked', "
+              "'user_plugins': []}\n"
+              "import verl.workers.engine.fsdp.transformer_impl as engine, verl.utils.torch_functional as F\n"
+              "assert engine.logprobs_from_logits is F.logprobs_from_logits and F.logprobs_from_logits._search_r1\n"
               "print('ok')")
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 

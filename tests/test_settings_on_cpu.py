@@ -2,6 +2,7 @@
 geometry, dual-clip off through verl's own policy loss, and the per-model reproduction table."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,61 @@ def test_reproduce_script_takes_step_and_lambda_from_the_table():
     assert r.returncode == 2 and "3B-Base GRPO row is the best checkpoint before collapse" in r.stderr
     text = (ROOT / "scripts/reproduce_paper.sh").read_text()
     assert 'EXTRA+=("llds.lambda=$LAMBDA")' in text and '--paper-row "$PAPER_ROW"' in text
+
+
+# keys verl never reads ------------------------------------------------------------------------------
+
+def _verl_reads(leaf: str, source: str) -> bool:
+    return re.search(rf"\.{re.escape(leaf)}\b|[\"']{re.escape(leaf)}[\"']", source) is not None
+
+
+@pytest.fixture(scope="module")
+def verl_source() -> str:
+    """verl's code, without its config schemas (a field declared there is not a field read)."""
+    import verl
+
+    root = Path(verl.__file__).parent
+    return "\n".join(p.read_text(errors="ignore") for p in root.rglob("*.py")
+                     if not p.relative_to(root).as_posix().startswith(("workers/config/", "trainer/config/")))
+
+
+def _set_keys(path: Path):
+    """Every leaf key a config file of ours sets (our own blocks are validated by our own code)."""
+    from omegaconf import OmegaConf
+
+    ours = {"search_r1", "llds", "lld_alarm", "checkpoints", "hydra", "defaults"}
+
+    def walk(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict) and v and k != "mixed_precision":
+                yield from walk(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}"
+
+    return [k for k in walk(OmegaConf.to_container(OmegaConf.load(path))) if k.split(".")[0] not in ours]
+
+
+def test_every_key_our_configs_set_is_read_by_verl(verl_source):
+    """A key verl's engine path never reads is silently ignored (actor.grad_clip was: the FSDP engine reads
+    actor.optim.clip_grad). Each leaf our configs set must be read somewhere in verl's code (attribute or
+    string key) outside the config schemas; ray_kwargs.ray_init.* must be ray.init() arguments."""
+    import inspect
+
+    import ray
+
+    init_args = set(inspect.signature(ray.init).parameters)
+    ignored = []
+    for path in sorted((ROOT / "configs").rglob("*.yaml")):
+        for key in _set_keys(path):
+            leaf = key.split(".")[-1]
+            if key.startswith("ray_kwargs.ray_init."):
+                if leaf not in init_args:
+                    ignored.append(f"{path.name}: {key} is not a ray.init() argument")
+            elif not _verl_reads(leaf, verl_source):
+                ignored.append(f"{path.name}: {key} (no verl code reads '{leaf}')")
+    assert not ignored, "settings verl ignores:\n" + "\n".join(ignored)
+
+
+def test_the_key_check_catches_grad_clip(verl_source):
+    assert not _verl_reads("grad_clip", verl_source)
+    assert _verl_reads("clip_grad", verl_source) and _verl_reads("mixed_precision", verl_source)

@@ -147,15 +147,18 @@ class SearchR1TaskRunner(BaseTaskRunner):
         return cls, group_cls
 
     def add_critic_worker(self, config):
+        """verl's critic worker, with the critic built with its configured attention
+        (:mod:`train.value_model`; verl's loader forces flash_attention_2)."""
         super().add_critic_worker(config)
+        from verl.trainer.ppo.ray_trainer import Role
+
         from train import cpu
 
         if cpu.enabled():
-            from verl.trainer.ppo.ray_trainer import Role
-
-            from train.cpu.worker import CPUTrainingWorker
-
-            self.role_worker_mapping[Role.Critic] = ray.remote(CPUTrainingWorker)
+            from train.cpu.worker import CPUCriticWorker as worker
+        else:
+            from train.value_model import CriticWorker as worker
+        self.role_worker_mapping[Role.Critic] = ray.remote(worker)
 
     def run(self, config: DictConfig) -> None:
         from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler

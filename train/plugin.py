@@ -1,7 +1,8 @@
 """verl plugin (entry point group ``verl.plugins``): ``import verl`` imports this module in every
 process (driver, task runner, workers, agent-loop workers), which registers our extensions.
 
-- always: the ``search_r1`` agent loop and the ``hf`` rollout (used only when a config names them);
+- always: the ``search_r1`` agent loop and the ``hf`` rollout (used only when a config names them), and
+  the chunked log-prob kernel in place of verl's per-token loop (:mod:`train.logprobs`);
 - with ``VERL_PLATFORM=cpu`` only: the CPU platform and verl's FSDP engine for the cpu device;
 - ``SEARCH_R1_PLUGINS``: a comma-separated list of modules (``pkg.mod``) or files (``path/to/x.py``)
   imported in every process too, e.g. to register a policy loss with verl's ``register_policy_loss``
@@ -18,7 +19,7 @@ import importlib.util
 import os
 import sys
 
-from train import agent_loop, cpu
+from train import agent_loop, cpu, logprobs
 from train.cpu import rollout as _hf_rollout
 
 PLUGINS_ENV = "SEARCH_R1_PLUGINS"
@@ -46,7 +47,8 @@ def import_user_plugins(spec: str | None = None) -> list[str]:
 
 
 _hf_rollout.register()
-REGISTERED = {"agent_loop": agent_loop.AGENT_NAME, "rollout": _hf_rollout.NAME}
+logprobs.install()
+REGISTERED = {"agent_loop": agent_loop.AGENT_NAME, "rollout": _hf_rollout.NAME, "logprobs": "chunked"}
 if cpu.enabled():
     cpu.register()
     REGISTERED["platform"] = "cpu"

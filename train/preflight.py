@@ -6,6 +6,8 @@ in seconds with the fix, not minutes later inside a worker.
 - multi-node: the checkpoint directory must be an absolute path that every node shares.
 - GPUs present but invisible to torch: almost always an NVIDIA driver older than the CUDA build of
   torch needs (verl 0.9.1's vLLM extra resolves torch 2.11.0 built for CUDA 13: driver >= 580).
+- GPU runs need a C compiler and the Python headers at run time: Triton (verl's ``torch.compile`` of
+  the entropy, vLLM's compiled graphs) builds a small C launcher on first use.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import netrc
 import os
 import shutil
 import subprocess
+import sysconfig
 from typing import Mapping, MutableMapping, Optional
 
 #: The CUDA major version of the torch that ``.[gpu]`` installs, and the driver it needs.
@@ -110,6 +113,25 @@ def cuda_preflight(gpus: Optional[list[str]] = None, cuda_available: Optional[bo
         f"{MIN_DRIVER}; update the driver (see the README, 'Install on GPU machines').")
 
 
+def compiler_preflight(environ: Mapping[str, str] = os.environ, which=shutil.which,
+                       python_include: Optional[str] = None) -> None:
+    """Raise with the fix when Triton could not build its launcher: it compiles C with ``$CC`` (else gcc,
+    else clang from PATH) against the Python headers, in every GPU worker, minutes after Ray starts."""
+    cc = environ.get("CC")
+    found = (which(cc.split()[0]) if cc else None) or which("gcc") or which("clang")
+    if not found:
+        raise RuntimeError(
+            "no C compiler: Triton (verl's torch.compile of the entropy, vLLM's compiled graphs) compiles a C launcher "
+            "at run time and would fail in the workers with 'Failed to find C compiler'. Install one: conda env "
+            "create -f environment.yml (conda-forge gcc_linux-64, sets CC), or apt-get install gcc; or set CC=<compiler>.")
+    include = python_include if python_include is not None else sysconfig.get_paths()["include"]
+    if not os.path.isfile(os.path.join(include, "Python.h")):
+        raise RuntimeError(
+            f"no Python headers ({include}/Python.h is missing): Triton compiles its launcher against them. Install "
+            f"them (Debian/Ubuntu: apt-get install python3-dev, or the python3.X-dev of this Python; conda's Python "
+            f"has them).")
+
+
 def run_all(config, environ: MutableMapping[str, str] = os.environ, cpu: bool = False) -> list[str]:
     """The environment checks for a training config (``train.main.check_config`` runs the config
     checks, :func:`checkpoint_preflight` among them); returns the notices printed."""
@@ -119,6 +141,7 @@ def run_all(config, environ: MutableMapping[str, str] = os.environ, cpu: bool = 
         notices.append(notice)
     if not cpu:
         cuda_preflight()
+        compiler_preflight(environ)
     for n in notices:
         print(n, flush=True)
     return notices

@@ -73,7 +73,8 @@ ROWS: list[Row] = [
         {"*": False, "ppo": True}),
     Row("training", "entropy coefficient", "not stated", "0.001", "actor_rollout_ref.actor.entropy_coeff",
         {"*": 0.001}),
-    Row("training", "gradient clip", "not stated", "1.0", "actor_rollout_ref.actor.grad_clip", {"*": 1.0}),
+    Row("training", "gradient clip", "not stated", "1.0", "actor_rollout_ref.actor.optim.clip_grad", {"*": 1.0},
+        "the key verl's FSDP engine reads (actor.grad_clip is read by nothing); ppo's critic the same"),
     Row("training", "critic lr / warm-up (PPO)", "n/a", "1e-5 / 0.015 (Search-R1 PPO)", "critic.optim.lr",
         {"*": 1.0e-5}, "critic used by ppo only; warm-up 0.015"),
     Row("training", "trainer attention", "n/a", "flash-attn 2 (verl 0.1 default)",
@@ -113,7 +114,7 @@ ROWS: list[Row] = [
     # retrieval
     Row("retrieval", "passages per search", "3", "3", "search_r1.topk", {"*": 3}),
     Row("retrieval", "retriever", "e5-base-v2, flat, wiki-18", "e5-base-v2 flat (faiss-gpu)", None,
-        note="RETRIEVER=e5: the released e5_Flat.index, sharded fp16 over GPUs"),
+        note="RETRIEVER=e5: the released e5_Flat.index, exact search in torch, fp16 shards over all GPUs"),
     # evaluation
     Row("evaluation", "searches per question", "4", "max_turns=4", "search_r1.val_max_turns", {"*": 4}),
     Row("evaluation", "decoding", "greedy", "greedy", "actor_rollout_ref.rollout.val_kwargs.do_sample",

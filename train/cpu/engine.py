@@ -47,9 +47,11 @@ def _cpu_engine(base):
 
 def register_fsdp_for_cpu() -> None:
     from verl.workers.engine.base import EngineRegistry
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    from train.value_model import ValueHeadEngine  # the critic with its configured attention, as on GPUs
 
     engines = EngineRegistry._engines
-    for model_type, base in (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead)):
+    for model_type, base in (("language_model", FSDPEngineWithLMHead), ("value_model", ValueHeadEngine)):
         if "cpu" not in engines.get(model_type, {}).get("fsdp", {}):
             EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device="cpu")(_cpu_engine(base))

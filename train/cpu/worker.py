@@ -11,7 +11,9 @@ import os
 
 import torch
 
-from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+from verl.workers.engine_workers import ActorRolloutRefWorker
+
+from train.value_model import CriticWorker
 
 
 def init_gloo_process_group() -> None:
@@ -26,7 +28,7 @@ class CPUActorRolloutRefWorker(ActorRolloutRefWorker):
         super().__init__(*args, **kwargs)
 
 
-class CPUTrainingWorker(TrainingWorker):
+class CPUCriticWorker(CriticWorker):
     def __init__(self, *args, **kwargs):
         init_gloo_process_group()
         super().__init__(*args, **kwargs)
