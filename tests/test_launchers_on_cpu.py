@@ -83,8 +83,9 @@ def test_a_launcher_needing_vllm_names_the_python_it_picked(envs, bm25_server):
 
 
 def test_check_gpu_install_builds_no_venv(tmp_path):
-    r = subprocess.run(["make", "-n", f"VENV={tmp_path / 'v'}", "check-gpu-install"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "PYTHON")}
+    r = subprocess.run(["make", "-n", "--no-print-directory", f"VENV={tmp_path / 'v'}", "check-gpu-install"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "python3 scripts/check_gpu_install.py", r.stdout
 
