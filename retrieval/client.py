@@ -239,6 +239,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.wait < 0:
         ap.error("--wait must be >= 0")
+    if args.pid is not None and args.pid <= 0:
+        ap.error("--pid must be a process id (> 0)")
     if wait_healthy(args.url, args.wait, pid=args.pid):
         return 0
     if args.pid is not None and not _alive(args.pid):

@@ -131,6 +131,9 @@ def test_wait_stops_as_soon_as_the_server_process_died():
                         "--pid", str(dead.pid)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 3 and "exited before answering" in r.stderr, r.stderr
     assert time.monotonic() - t < 30
+    r = subprocess.run([sys.executable, "-m", "retrieval.client", "http://127.0.0.1:9", "--pid", "0"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--pid must be a process id" in r.stderr
 
 
 def test_reproduce_paper_stops_waiting_for_a_dead_retriever(tmp_path):

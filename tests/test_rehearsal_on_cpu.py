@@ -56,6 +56,8 @@ def test_rehearsal_batch_sizes():
     assert rehearsal.batch_sizes(512, 256, 1, ranks=2) == (4, 2)   # ppo: 2 updates
     with pytest.raises(ValueError, match="not a multiple"):
         rehearsal.batch_sizes(10, 3, 5)
+    with pytest.raises(ValueError, match=">= 1"):
+        rehearsal.batch_sizes(520, 52, 5, ranks=0)
     r = subprocess.run([sys.executable, "-m", "train.rehearsal", "no_such_preset"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "no_such_preset" in r.stderr

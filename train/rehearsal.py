@@ -55,6 +55,8 @@ def is_documented(key: str) -> bool:
 def batch_sizes(train_batch: int, mini_batch: int, n: int, ranks: int = 2) -> tuple[int, int]:
     """(train_batch_size, ppo_mini_batch_size) in prompts: the preset's number of optimizer updates
     per rollout batch, each mini-batch the fewest prompts whose ``x n`` trajectories split over ranks."""
+    if ranks < 1 or n < 1 or mini_batch < 1:
+        raise ValueError(f"ranks, rollout.n and ppo_mini_batch_size must be >= 1 (got {ranks}, {n}, {mini_batch})")
     if train_batch % mini_batch:
         raise ValueError(f"the preset's data.train_batch_size={train_batch} is not a multiple of "
                          f"ppo_mini_batch_size={mini_batch}")
