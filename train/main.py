@@ -157,7 +157,7 @@ class SearchR1TaskRunner(BaseTaskRunner):
         if cpu.enabled():
             from train.cpu.worker import CPUCriticWorker as worker
         else:
-            from train.value_model import CriticWorker as worker
+            from train.critic import CriticWorker as worker
         self.role_worker_mapping[Role.Critic] = ray.remote(worker)
 
     def run(self, config: DictConfig) -> None:

@@ -12,8 +12,8 @@ verl's loader is replaced by :func:`load_value_model`, which loads the same
 ``AutoModelForTokenClassification`` (one label: the value) with the attention implementation of the
 critic's ``hf_config`` (``sdpa`` in the presets). It is registered with verl's ``EngineRegistry``
 for NVIDIA GPUs under the vendor key, which verl looks up before the device key it registers its
-own engine under; the CPU engine (:mod:`train.cpu.engine`) derives from it too. verl's files are
-not touched.
+own engine under (by :class:`train.critic.CriticWorker`, in the critic's process); the CPU engine
+(:mod:`train.cpu.engine`) derives from it too. verl's files are not touched.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import contextlib
 
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithValueHead
-from verl.workers.engine_workers import TrainingWorker
 
 
 def load_value_model(local_path, torch_dtype, model_config, trust_remote_code):
@@ -70,12 +69,3 @@ def register() -> None:
         if ("cuda", "nvidia") not in registry:
             EngineRegistry.register(model_type="value_model", backend=backend, device="cuda",
                                     vendor="nvidia")(ValueHeadEngine)
-
-
-class CriticWorker(TrainingWorker):
-    """verl's ``TrainingWorker`` (verl's task runner uses it for the critic), registering
-    :class:`ValueHeadEngine` in its own process before verl looks the engine up."""
-
-    def __init__(self, *args, **kwargs):
-        register()
-        super().__init__(*args, **kwargs)

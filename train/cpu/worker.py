@@ -13,7 +13,7 @@ import torch
 
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from train.value_model import CriticWorker
+from train.critic import CriticWorker
 
 
 def init_gloo_process_group() -> None:
