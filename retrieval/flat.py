@@ -57,7 +57,7 @@ def read_flat_vectors(path: str | os.PathLike) -> np.ndarray:
         if metric != METRIC_INNER_PRODUCT:
             raise FlatIndexError(f"{path} is a flat {_FOURCC[fourcc]} index (metric {metric}); the retriever scores "
                                  f"by inner product (IndexFlatIP)")
-        offset = _HEADER.size + (4 if metric > 1 else 0)
+        offset = _HEADER.size  # metric 0 (inner product): no metric_arg field
         f.seek(offset)
         (count,) = struct.unpack("<Q", f.read(8))
     offset += 8
