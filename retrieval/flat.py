@@ -23,6 +23,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from retrieval.cuda_arch import runs_on
+
 # FAISS's on-disk IndexFlat: fourcc, d (int32), ntotal (int64), two int64 dummies, is_trained (uint8),
 # metric_type (int32), [metric_arg (float32) when metric_type > 1], then the vectors as a float vector:
 # their count (uint64) and ntotal * d float32 values.
@@ -67,23 +69,6 @@ def read_flat_vectors(path: str | os.PathLike) -> np.ndarray:
     return np.memmap(path, dtype=np.float32, mode="r", offset=offset, shape=(ntotal, d))
 
 
-def _arch_runs(capability: tuple[int, int], archs: Sequence[str]) -> bool:
-    """CUDA's rule: a cubin for sm_XY runs on sm_XZ with Z >= Y (same major), an arch-specific
-    ``sm_XYa`` cubin only on X.Y; PTX for compute_XY is compiled at load time for any capability >= XY."""
-    for arch in archs:
-        kind, _, num = arch.partition("_")
-        digits = num.rstrip("af")
-        if kind not in ("sm", "compute") or len(digits) < 2 or not digits.isdigit():
-            continue
-        built = (int(digits[:-1]), int(digits[-1]))
-        if kind == "compute" and built <= tuple(capability):
-            return True
-        if kind == "sm" and (built == tuple(capability) if num.endswith("a") else
-                             built[0] == capability[0] and built[1] <= capability[1]):
-            return True
-    return False
-
-
 def check_cuda_devices(devices: Sequence[str], *, archs: Optional[Sequence[str]] = None, capability=None,
                        name=None) -> None:
     """Fail at start-up, naming the GPU and the fix, when the installed torch cannot run on a device.
@@ -95,7 +80,7 @@ def check_cuda_devices(devices: Sequence[str], *, archs: Optional[Sequence[str]]
     for dev in devices:
         cap = capability(dev) if capability else torch.cuda.get_device_capability(dev)
         label = name(dev) if name else torch.cuda.get_device_name(dev)
-        if not _arch_runs(tuple(cap), archs):
+        if not runs_on(tuple(cap), archs):
             raise UnsupportedGPU(
                 f"{dev} ({label}, compute capability {cap[0]}.{cap[1]}, sm_{cap[0]}{cap[1]}) is not among the GPU "
                 f"architectures this torch build has kernels for ({' '.join(archs) or 'none'}). Install a torch "

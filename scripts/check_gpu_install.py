@@ -36,6 +36,8 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from retrieval.cuda_arch import runs_on  # noqa: E402  (standard library only)
 EXPECTED = {"torch": "2.11.0", "vllm": "0.24.0"}
 TRANSFORMERS_RANGE = ((5, 5, 3), (5, 11, 0))  # verl 0.9.1: >=5.5.3, <5.11 (and != 5.6.0)
 REQUIRED_ARCHS = ("sm_80", "sm_90")  # A100; H100 / H200
@@ -150,14 +152,8 @@ def arch_key(arch: str) -> tuple[int, str]:
 
 
 def check_archs(archs: set[str], required=REQUIRED_ARCHS) -> list[str]:
-    missing = []
-    for need in required:
-        cap = int(need.split("_")[1])
-        same_major = [a for a in archs if a.startswith("sm_") and a.split("_")[1].isdigit()
-                      and int(a.split("_")[1]) // 10 == cap // 10 and int(a.split("_")[1]) <= cap]
-        ptx = [a for a in archs if a.startswith("compute_") and int(re.sub(r"\D", "", a)) <= cap]
-        if not same_major and not ptx:
-            missing.append(need)
+    missing = [need for need in required
+               if not runs_on((int(need[3:-1]), int(need[-1])), sorted(archs))]
     return [f"the resolved torch has no GPU code for {', '.join(missing)} (it has {' '.join(sorted(archs, key=arch_key))}"
             f"): training and GPU search would fail there with 'no kernel image is available'"] if missing else []
 
