@@ -226,6 +226,33 @@ def wait_healthy(url: str, wait: float = 0.0, interval: float = 1.0, pid: Option
             time.sleep(interval)
 
 
+async def wait_healthy_async(url: str, wait: float, interval: float = 2.0, report_every: float = 30.0,
+                             log=None) -> bool:
+    """The asyncio form of :func:`wait_healthy` for a caller inside an event loop (the agent loop
+    manager): True once ``GET /health`` answers 200 within ``wait`` seconds; ``log`` gets a line
+    every ``report_every`` seconds while it waits."""
+    base = _endpoint(url)[: -len("/retrieve")]
+    start = time.monotonic()
+    next_report = start + report_every
+    last = "no answer yet"
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while True:
+            try:
+                resp = await client.get(base + "/health")
+                if resp.status_code == 200:
+                    return True
+                last = f"HTTP {resp.status_code}"
+            except httpx.HTTPError as e:
+                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            now = time.monotonic()
+            if now - start >= wait:
+                return False
+            if log is not None and now >= next_report:
+                log(f"still waiting for the retriever at {base} ({now - start:.0f} of {wait:g} s; last: {last})")
+                next_report += report_every
+            await asyncio.sleep(min(interval, max(0.0, start + wait - now)))
+
+
 def main(argv=None) -> int:
     """``python -m retrieval.client URL [--wait S]``: exit 0 when the server is healthy (used by the
     launch scripts), 1 otherwise."""

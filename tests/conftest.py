@@ -125,3 +125,62 @@ def bm25_server(bm25_index_dir):
     srv = LiveServer(app, free_port())
     yield srv
     srv.close()
+
+
+@pytest.fixture(scope="session")
+def learn_task(tmp_path_factory) -> Path:
+    """The learnable task with its warm start (train/learnable.py; a few minutes, built once): a tiny
+    policy that searches and answers, for the runs that need real searches."""
+    from train import learnable
+
+    out = tmp_path_factory.mktemp("learn") / "task"
+    learnable.build(out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def learn_bm25_index(learn_task) -> Path:
+    from retrieval.build import build_bm25
+
+    return build_bm25(str(learn_task / "corpus.jsonl"), str(learn_task / "bm25"), progress=False)
+
+
+@pytest.fixture(scope="session")
+def learn_server(learn_bm25_index):
+    from retrieval.index import load_retriever
+    from retrieval.server import create_app
+
+    server = LiveServer(create_app(load_retriever(learn_bm25_index)), free_port())
+    yield server
+    server.close()
+
+
+class ServerProcess:
+    """``python -m retrieval.server`` in its own process, to kill (SIGKILL) and start again on the same
+    port: the retriever crashing and being restarted, as a user's would."""
+
+    def __init__(self, index_dir: Path, port: int | None = None, log: Path | None = None):
+        self.index_dir, self.port = Path(index_dir), port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.proc = None
+        self.start()
+
+    def start(self, wait: float = 120.0) -> None:
+        import subprocess
+
+        from retrieval.client import wait_healthy
+
+        out = open(self.log, "a") if self.log else subprocess.DEVNULL
+        self.proc = subprocess.Popen([sys.executable, "-m", "retrieval.server", "--index", str(self.index_dir),
+                                      "--port", str(self.port)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        if not wait_healthy(self.url, wait, interval=0.2, pid=self.proc.pid):
+            self.kill()
+            raise RuntimeError(f"the retrieval server on port {self.port} did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    close = kill

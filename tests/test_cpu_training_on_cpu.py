@@ -39,8 +39,13 @@ def trained(tmp_path_factory, tiny_model_dir, bm25_server, qa_path):
               "reward.custom_reward_function.name=hashed_score",
               # top_p 1: the rollout's log-probs are then those of the full distribution, which the
               # actor recomputes, so the two must agree (test_rollout_and_actor_agree)
-              "actor_rollout_ref.rollout.top_p=1.0"]
+              "actor_rollout_ref.rollout.top_p=1.0",
+              # metrics beside the checkpoints (ckpt/metrics.jsonl), appended by the resumed run
+              "trainer.logger=[console,file]"]
     run_main([*common, "trainer.total_training_steps=2", "trainer.save_freq=2"], env, work / "run1.log")
+    # A full disk at the save left verl's tracker at 0 bytes (verl then fails with "invalid literal
+    # for int()"): the resume still finds global_step_2, the newest complete checkpoint.
+    (work / "ckpt" / "latest_checkpointed_iteration.txt").write_text("")
     run_main([*common, "trainer.total_training_steps=3", "trainer.save_freq=3", "trainer.resume_mode=auto"], env,
              work / "run2.log")
     return work
@@ -68,6 +73,23 @@ def test_steps_ran_with_llds_and_search_metrics(trained):
     assert any(m["critic/advantages/max"] > 0 and m["actor/llds/logp_pos_a1"] < 0 for m in steps.values())
     # the reference model moved apart from the actor: a KL loss term was computed
     assert any(m["actor/kl_loss"] > 0 for m in steps.values())
+
+
+def test_saves_are_complete_and_metrics_one_continuous_curve(trained):
+    """Each save has its manifest; the resumed run repaired the empty tracker and appended to the
+    run's metrics file instead of truncating it (verl's "wb"), so the plot shows steps 1-3."""
+    from train import checkpoints
+    from train.plot import main as plot, read_metrics
+
+    ckpt = trained / "ckpt"
+    for step in (2, 3):
+        assert (ckpt / f"global_step_{step}" / "manifest.json").is_file()
+        assert checkpoints.problems(str(ckpt / f"global_step_{step}")) == []
+    assert "latest_checkpointed_iteration.txt set to 2" in (trained / "run2.log").read_text()
+    steps = read_metrics(ckpt / "metrics.jsonl")
+    assert [s for s in sorted(steps) if "critic/score/mean" in steps[s]] == [1, 2, 3]
+    plot([str(ckpt)])
+    assert (ckpt / "plots" / "reward.png").stat().st_size > 0
 
 
 def test_rollout_and_actor_agree(trained):

@@ -10,8 +10,6 @@ healthy runs and of sabotaged ones, both measured over seeds with bench/bench_le
 
 import statistics
 
-import pytest
-
 from train import learnable
 
 STEPS = 10
@@ -34,28 +32,8 @@ MIN_MEDIAN_SEARCHES = 0.8
 MIN_LAST_SEARCHES = 0.5
 
 
-@pytest.fixture(scope="module")
-def task(tmp_path_factory):
-    out = tmp_path_factory.mktemp("learn") / "task"
-    learnable.build(out, progress=False)
-    return out
-
-
-@pytest.fixture(scope="module")
-def task_server(task):
-    from tests.conftest import LiveServer, free_port
-    from retrieval.build import build_bm25
-    from retrieval.index import load_retriever
-    from retrieval.server import create_app
-
-    index = build_bm25(str(task / "corpus.jsonl"), str(task / "bm25"), progress=False)
-    server = LiveServer(create_app(load_retriever(index)), free_port())
-    yield server
-    server.close()
-
-
-def test_grpo_llds_raises_the_reward(task, task_server, tmp_path):
-    steps = learnable.run_rl(task, tmp_path / "run", task_server.url, steps=STEPS, seed=SEED,
+def test_grpo_llds_raises_the_reward(learn_task, learn_server, tmp_path):
+    steps = learnable.run_rl(learn_task, tmp_path / "run", learn_server.url, steps=STEPS, seed=SEED,
                              overrides=["trainer.val_before_train=false", "trainer.test_freq=-1",
                                         f"trainer.save_freq={STEPS}"])
     train_steps = [s for s in sorted(steps) if "critic/score/mean" in steps[s]]

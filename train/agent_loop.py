@@ -25,7 +25,7 @@ from uuid import uuid4
 import numpy as np
 import torch
 
-from retrieval.client import RetrievalClient, RetrieverUnavailable, contents_of
+from retrieval.client import RetrievalClient, RetrievalServerError, RetrieverUnavailable, contents_of, wait_healthy_async
 from retrieval.server import MAX_QUERY_CHARS
 from train import protocol
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopManager, AgentLoopOutput, register
@@ -52,6 +52,12 @@ class SearchConfig:
     # Abort the step when more than this fraction of its searches failed (retriever down or erroring):
     # otherwise the policy trains on "search failed" rollouts. 1.0 = never abort.
     max_failure_rate: float = 0.5
+    # A rollout in which searches failed because the retriever was unreachable or kept answering 5xx
+    # (an outage, not a bad query) is redone once the retriever answers /health again, waiting up to
+    # outage_wait_s (a line every 30 s); at most outage_redos times per rollout, then the run stops.
+    # outage_wait_s 0 = never wait: outage failures then only count toward max_failure_rate.
+    outage_wait_s: float = 600.0
+    outage_redos: int = 3
     max_query_chars: int = MAX_QUERY_CHARS  # longer queries are cut to this (the server's limit)
 
     @classmethod
@@ -69,11 +75,13 @@ class SearchConfig:
         for name in ("topk", "max_turn_tokens", "max_obs_tokens"):
             if int(getattr(out, name)) < 1:
                 raise ValueError(f"search_r1.{name} must be >= 1, got {getattr(out, name)}")
-        for name in ("max_turns", "val_max_turns", "retries"):
+        for name in ("max_turns", "val_max_turns", "retries", "outage_redos"):
             if int(getattr(out, name)) < 0:
                 raise ValueError(f"search_r1.{name} must be >= 0, got {getattr(out, name)}")
         if not 0.0 <= float(out.max_failure_rate) <= 1.0:
             raise ValueError(f"search_r1.max_failure_rate must be in [0, 1], got {out.max_failure_rate}")
+        if float(out.outage_wait_s) < 0:
+            raise ValueError(f"search_r1.outage_wait_s must be >= 0 (0 = do not wait), got {out.outage_wait_s}")
         if int(out.max_query_chars) < 1:
             raise ValueError(f"search_r1.max_query_chars must be >= 1, got {out.max_query_chars}")
         return out
@@ -177,26 +185,29 @@ class SearchR1AgentLoop(AgentLoopBase):
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    async def _observe(self, query: str) -> tuple[str, bool]:
-        """Observation text for a search, and whether the search failed. Any per-query retriever
-        error (down, a 4xx, a malformed answer) becomes the failure observation; only ``strict``
-        re-raises an unreachable retriever."""
+    async def _observe(self, query: str) -> tuple[str, str]:
+        """Observation text for a search, and how it went: ``"ok"``, ``"outage"`` (the retriever was
+        unreachable, timed out or kept answering 5xx: the rollout is redone once it is back) or
+        ``"failed"`` (it rejected the query or answered something malformed). Failures become the
+        failure observation; only ``strict`` re-raises an unreachable retriever."""
         query = query[: self.search.max_query_chars]  # what the server accepts
         try:
             result = await self.client.aretrieve([query], topk=self.search.topk)
             docs = contents_of(result[0])
-        except RetrieverUnavailable:
+        except (RetrieverUnavailable, RetrievalServerError) as e:
             if self.search.strict:
                 raise
-            log.warning("retriever unavailable; search %r answered with a failure observation", query[:200])
-            return protocol.format_search_failure(), True
+            log.warning("search %r failed: %s (search_r1.timeout=%g s over search_r1.retries=%d retries); answered "
+                        "with a failure observation", query[:200], e, self.search.timeout, self.search.retries)
+            return protocol.format_search_failure(), "outage"
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001  (one bad search must not kill the step)
-            log.warning("search %r failed (%s); answered with a failure observation", query[:200], e)
-            return protocol.format_search_failure(), True
+            log.warning("search %r failed (%s: %s); answered with a failure observation", query[:200],
+                        type(e).__name__, e)
+            return protocol.format_search_failure(), "failed"
         return protocol.format_observation(docs, max_tokens=self.search.max_obs_tokens,
-                                           count_tokens=lambda s: len(self._encode(s))), False
+                                           count_tokens=lambda s: len(self._encode(s))), "ok"
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         extra_info = kwargs.get("extra_info") or {}
@@ -212,7 +223,7 @@ class SearchR1AgentLoop(AgentLoopBase):
         logprobs: list[float] = []
         have_logprobs = bool(sampling_params.get("logprobs"))
         answer_len = 0
-        n_search = n_executed = n_failed = n_invalid = n_answer = n_turns = n_eos_dropped = 0
+        n_search = n_executed = n_failed = n_outage = n_invalid = n_answer = n_turns = n_eos_dropped = 0
         search_failed = False
         stop_reason = "max_turns"
         for turn in range(max_turns + 1):
@@ -257,10 +268,11 @@ class SearchR1AgentLoop(AgentLoopBase):
                 stop_reason = "length"
                 break
             if action.kind == "search":
-                obs, failed = await self._observe(action.content)
-                search_failed |= failed
-                n_failed += int(failed)
-                n_executed += int(not failed)
+                obs, status = await self._observe(action.content)
+                search_failed |= status != "ok"
+                n_failed += int(status != "ok")
+                n_outage += int(status == "outage")
+                n_executed += int(status == "ok")
             else:
                 obs = protocol.INVALID_ACTION_MESSAGE
             obs_ids = self._encode(obs)
@@ -282,6 +294,7 @@ class SearchR1AgentLoop(AgentLoopBase):
             "num_valid_searches": n_executed,  # searches run and answered by the retriever
             "num_eos_dropped": n_eos_dropped,  # invalid turns that ended in EOS and went on
             "num_failed_searches": n_failed,  # searches sent that got the failure observation
+            "num_outage_searches": n_outage,  # ... of which the retriever was unreachable or erroring
             "num_valid_actions": n_search + n_answer,
             "num_invalid_actions": n_invalid,
             "num_gen_turns": n_turns,
@@ -324,15 +337,43 @@ def add_search_tensors(output, valid_search_count: str = "parsed") -> Any:
 
 
 class SearchR1AgentLoopManager(AgentLoopManager):
-    """verl's manager plus :func:`add_search_tensors`. Select it with
-    ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=train.agent_loop.SearchR1AgentLoopManager``."""
+    """verl's manager plus the outage rule and :func:`add_search_tensors`. Select it with
+    ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=train.agent_loop.SearchR1AgentLoopManager``.
+
+    A rollout whose searches hit a retriever outage (unreachable, timed out, 5xx) is never trained
+    on: the manager waits for ``/health`` (``search_r1.outage_wait_s``) and redoes the whole rollout
+    (every group resampled; at most ``search_r1.outage_redos`` times), and stops the run when the
+    retriever does not come back. Other failures (a rejected query) go to ``max_failure_rate``."""
 
     @auto_await
     async def generate_sequences(self, prompts):
-        out = super().generate_sequences(prompts)
-        if asyncio.iscoroutine(out) or isinstance(out, asyncio.Future):
-            out = await out
         search = SearchConfig.from_config(self.config.get("search_r1"))
+        for attempt in range(int(search.outage_redos) + 1):
+            out = super().generate_sequences(prompts)
+            if asyncio.iscoroutine(out) or isinstance(out, asyncio.Future):
+                out = await out
+            nt = out.non_tensor_batch
+            outage = int(sum(int(v or 0) for v in nt.get("num_outage_searches", [])))
+            if not outage or search.outage_wait_s <= 0:
+                break
+            sent = sum(int(v or 0) for key in ("num_failed_searches", "num_valid_searches") for v in nt.get(key, []))
+            if attempt == int(search.outage_redos):
+                raise RuntimeError(
+                    f"search_r1: the retriever at {search.retriever_url} failed {outage} of {sent} searches again, in "
+                    f"{attempt + 1} rollouts of this step (search_r1.outage_redos={search.outage_redos}); stopping "
+                    f"rather than training on 'search failed' observations. Check its log, then resume")
+            print(f"search_r1: {outage} of {sent} searches in this rollout failed with the retriever at "
+                  f"{search.retriever_url} unreachable or erroring; waiting for it (search_r1.outage_wait_s="
+                  f"{search.outage_wait_s:g}), then redoing the rollout ({attempt + 1} of search_r1.outage_redos="
+                  f"{search.outage_redos})", flush=True)
+            if not await wait_healthy_async(search.retriever_url, search.outage_wait_s, report_every=30.0,
+                                            log=lambda m: print(f"search_r1: {m}", flush=True)):
+                raise RuntimeError(
+                    f"search_r1: the retriever at {search.retriever_url} did not answer /health within "
+                    f"search_r1.outage_wait_s={search.outage_wait_s:g} s; stopping rather than training on "
+                    f"'search failed' observations. Restart it and resume (trainer.resume_mode=auto) from the "
+                    f"last checkpoint; raise search_r1.outage_wait_s to wait longer")
+            print("search_r1: the retriever answers again; redoing the rollout", flush=True)
         nt = out.non_tensor_batch
         failed = int(sum(int(v or 0) for v in nt.get("num_failed_searches", [])))
         sent = failed + int(sum(int(v or 0) for v in nt.get("num_valid_searches", [])))

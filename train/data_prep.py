@@ -23,6 +23,7 @@ from typing import Iterable, Iterator, Optional
 
 from train import protocol
 from train.agent_loop import AGENT_NAME
+from train.reward import check_golds
 
 HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
 TRAIN_SOURCES = ("nq", "hotpotqa")
@@ -58,20 +59,11 @@ def check_record(rec: dict, where: str) -> tuple[str, list[str]]:
     q = rec.get("question")
     if not isinstance(q, str) or not q.strip():
         raise DataError(f"{where}: row has no question")
-    golds = rec.get("golden_answers")
-    if isinstance(golds, str):
-        golds = [golds]
-    if hasattr(golds, "tolist"):  # numpy arrays from the hub's parquet
-        golds = golds.tolist()
-    if not isinstance(golds, (list, tuple)) or not golds:
-        raise DataError(f"{where}: row has no gold answer ('golden_answers' must be a non-empty list of strings)")
-    for i, g in enumerate(golds):
-        if not isinstance(g, str):
-            raise DataError(f"{where}: golden_answers[{i}] is {type(g).__name__} {g!r}, not a string "
-                            "(write numbers and booleans as the text the answer must match)")
-        if not g.strip():
-            raise DataError(f"{where}: golden_answers[{i}] is empty")
-    return q.strip(), [g.strip() for g in golds]
+    try:
+        golds = check_golds(rec.get("golden_answers"), where, field="golden_answers")
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    return q.strip(), golds
 
 
 def make_row(rec: dict, source: str, split: str, index: int, uid: str) -> dict:

@@ -52,8 +52,17 @@ def _question_from_prompt(prompt) -> str:
     return text.rsplit("Question:", 1)[-1].strip()
 
 
+def saw_failed_search(d: dict) -> bool:
+    """A stored row whose trajectory got the failure observation (older files have no count)."""
+    from train import protocol
+
+    return int(d.get("failed_searches") or 0) > 0 or protocol.SEARCH_FAILED_TEXT in str(d.get("trajectory", ""))
+
+
 def read_done(path: Path) -> dict[str, dict]:
-    done = {}
+    """Rows already evaluated. A row cut by an interruption, and a row that saw a failed search
+    (written by an older version), are not results: both are redone."""
+    done, redo = {}, 0
     if path.is_file():
         with open(path, encoding="utf-8") as f:
             for line in f:
@@ -61,8 +70,38 @@ def read_done(path: Path) -> dict[str, dict]:
                     d = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a line cut by an interruption is redone
+                if saw_failed_search(d):
+                    redo += 1
+                    continue
                 done[d["uid"]] = d
+    if redo:
+        print(f"{path}: {redo} rows saw a failed search; they are redone")
     return done
+
+
+class FailureWindow:
+    """The share of failed searches over the last ``size`` searches: the retriever is taken for down
+    when it passes ``max_rate`` (with at least ``min_searches`` in the window)."""
+
+    def __init__(self, max_rate: float, size: int = 50, min_searches: int = 10):
+        from collections import deque
+
+        self.max_rate, self.min_searches = max_rate, min_searches
+        self.window: "deque[bool]" = deque(maxlen=size)
+
+    def add(self, searches: int, failed: int) -> None:
+        self.window.extend([True] * failed + [False] * max(0, searches - failed))
+
+    def down(self) -> bool:
+        n = len(self.window)
+        return n >= self.min_searches and sum(self.window) / n > self.max_rate
+
+    def describe(self) -> str:
+        return f"{sum(self.window)} of the last {len(self.window)} searches failed"
+
+
+class RetrieverDown(RuntimeError):
+    pass
 
 
 def table(results: list[dict], paper: Optional[dict] = None) -> str:
@@ -93,7 +132,7 @@ def paper_row(name: Optional[str]) -> Optional[dict]:
     return rows[name]
 
 
-async def evaluate(rows: list[dict], asker, out_path: Path) -> list[dict]:
+async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: float = 0.5) -> list[dict]:
     from tqdm import tqdm
 
     from train.reward import compute_score
@@ -111,21 +150,32 @@ async def evaluate(rows: list[dict], asker, out_path: Path) -> list[dict]:
     if done:
         print(f"resuming: {len(rows) - len(todo)} of {len(rows)} rows already in {out_path}")
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    if done:  # rewrite without a line an interruption cut short, so appends start on a clean line
+    if out_path.is_file():  # rewrite with the results only (no line an interruption cut short, no row
+        # with a failed search), so appends start on a clean line
         tmp = out_path.with_name(out_path.name + ".tmp")
         tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in done.values()), encoding="utf-8")
         os.replace(tmp, out_path)
     bar = tqdm(total=len(todo), desc="evaluating", file=sys.stderr)
+    window = FailureWindow(max_failure_rate)
+    left_out: list[str] = []  # rows whose trajectory saw a failed search: not written, redone next time
+    stop: list[str] = []
     with open(out_path, "a", encoding="utf-8") as f:
         async def one(row):
             res = await asker.ask(row["question"])
+            window.add(res.failed_searches + res.valid_searches, res.failed_searches)
+            bar.update(1)
+            if res.failed_searches:
+                left_out.append(row["uid"])
+                if window.down() and not stop:
+                    stop.append(window.describe())
+                return
             s = compute_score(row["data_source"], res.response, row["golds"])
             d = {"uid": row["uid"], "data_source": row["data_source"], "question": row["question"],
                  "golds": row["golds"], "answer": res.answer, "em": s["em"], "f1": s["f1"],
-                 "searches": res.searches, "stop_reason": res.stop_reason, "trajectory": res.response}
+                 "searches": res.searches, "failed_searches": 0, "stop_reason": res.stop_reason,
+                 "trajectory": res.response}
             f.write(json.dumps(d, ensure_ascii=False) + "\n")
             f.flush()
-            bar.update(1)
             done[row["uid"]] = d
 
         # A fixed pool of workers (the asker's concurrency): hundreds of questions in flight for a
@@ -134,11 +184,28 @@ async def evaluate(rows: list[dict], asker, out_path: Path) -> list[dict]:
 
         async def worker():
             for row in queue:
+                if stop:
+                    return
                 await one(row)
 
         await asyncio.gather(*(worker() for _ in range(min(getattr(asker, "concurrency", 256), len(todo)) or 1)))
     bar.close()
-    return [done[r["uid"]] for r in rows if r["uid"] in done]
+    results = [done[r["uid"]] for r in rows if r["uid"] in done]
+    if stop or left_out:
+        url = getattr(getattr(asker, "client", None), "url", "the retriever")
+        parts = []
+        if stop:
+            parts.append(f"stopped early: {stop[0]} (more than --max-failure-rate {max_failure_rate:g}); is the "
+                         f"retriever at {url} up (python -m retrieval.client {str(url).removesuffix('/retrieve')})?")
+        if left_out:
+            parts.append(f"{len(left_out)} rows saw a failed search and were not written (e.g. uid {left_out[0]!r})")
+        not_started = len(rows) - len(results) - len(left_out)
+        if not_started:
+            parts.append(f"{not_started} rows were not started")
+        parts.append(f"{len(results)} of {len(rows)} rows are in {out_path}; rerun the same command once the retriever "
+                     f"answers: finished rows are kept, the others are evaluated")
+        raise RetrieverDown("; ".join(parts), results)
+    return results
 
 
 def main(argv=None, generator=None) -> int:
@@ -161,11 +228,16 @@ def main(argv=None, generator=None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--concurrency", type=int, default=256, help="questions in flight at once (default 256)")
     ap.add_argument("--paper-row", default=None, help="print the paper's numbers for this row beside ours")
+    ap.add_argument("--max-failure-rate", type=float, default=0.5,
+                    help="stop when more than this share of the last 50 searches failed (default 0.5); rows "
+                         "that saw a failed search are never written")
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         ap.error("--limit must be >= 1")
     if args.concurrency < 1:
         ap.error("--concurrency must be >= 1")
+    if not 0.0 <= args.max_failure_rate <= 1.0:
+        ap.error("--max-failure-rate must be in [0, 1]")
     paper = paper_row(args.paper_row)
     rows = load_rows(args.data, args.sources.split(",") if args.sources else None, args.limit)
     if not rows:
@@ -178,10 +250,17 @@ def main(argv=None, generator=None) -> int:
         gen = generator or make_generator(args.model, args.backend, args.device)
         asker = Asker(gen, tokenizer, client, max_turns=args.max_turns, topk=args.topk, temperature=0.0,
                       max_new_tokens=args.max_new_tokens, concurrency=args.concurrency, model_path=args.model)
-        results = asyncio.run(evaluate(rows, asker, out))
+        results = asyncio.run(evaluate(rows, asker, out, args.max_failure_rate))
     except InferenceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RetrieverDown as e:
+        message, partial = e.args
+        if partial:
+            print(f"partial table ({len(partial)} of {len(rows)} rows; not a result):")
+            print(table(partial, paper))
+        print(f"error: {message}", file=sys.stderr)
+        return 3
     print(table(results, paper))
     print(f"per-sample results: {out}")
     return 0

@@ -119,10 +119,12 @@ class Result:
     searches: int
     stop_reason: str
     response: str
+    failed_searches: int = 0  # searches answered with the failure observation (retriever down or erroring)
+    valid_searches: int = 0  # searches the retriever answered
 
     def to_dict(self) -> dict[str, Any]:
         return {"question": self.question, "answer": self.answer, "searches": self.searches,
-                "stop_reason": self.stop_reason, "trajectory": self.response}
+                "stop_reason": self.stop_reason, "failed_searches": self.failed_searches, "trajectory": self.response}
 
 
 class Asker:
@@ -161,4 +163,6 @@ class Asker:
         response = self.tokenizer.decode(out.response_ids)
         return Result(question=question, answer=protocol.extract_answer(response),
                       segments=segments(self.tokenizer, out), searches=out.extra_fields["num_searches"],
-                      stop_reason=out.extra_fields["stop_reason"], response=response)
+                      stop_reason=out.extra_fields["stop_reason"], response=response,
+                      failed_searches=int(out.extra_fields.get("num_failed_searches", 0)),
+                      valid_searches=int(out.extra_fields.get("num_valid_searches", 0)))

@@ -67,7 +67,7 @@ def search_metrics(batch) -> dict[str, list[float]]:
     nt = batch.non_tensor_batch
     out: dict[str, list[float]] = {}
     for key, name in (("num_searches", "searches"), ("num_valid_searches", "valid_searches"),
-                      ("num_failed_searches", "failed_searches"),
+                      ("num_failed_searches", "failed_searches"), ("num_outage_searches", "outage_searches"),
                       ("num_invalid_actions", "invalid_actions"), ("num_gen_turns", "gen_turns"),
                       ("search_failed", "search_failed")):
         if key in nt:
@@ -80,13 +80,26 @@ def search_metrics(batch) -> dict[str, list[float]]:
     return out
 
 
+STOP_FLAG = ".stop_requested"  # in trainer.default_local_dir: the driver got SIGTERM with trainer.save_on_sigterm
+
+
+class StopAfterSave(Exception):
+    def __init__(self, step: int):
+        super().__init__(step)
+        self.step = step
+
+
+def stop_requested(root: str) -> bool:
+    return os.path.exists(os.path.join(root, STOP_FLAG))
+
+
 def make_trainer_class():
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     class SearchR1Trainer(RayPPOTrainer):
         """verl's trainer; adds the agent statistics and the collapse alarm to each step's metrics."""
 
-        def _update_actor(self, batch):
+        def _update_actor_with_metrics(self, batch):
             from train.lld_alarm import AlarmConfig, CollapseMonitor
             from train.loss import finish_llds_metrics
 
@@ -103,16 +116,73 @@ def make_trainer_class():
             metrics.update({k: [v] for k, v in alarm.items()})
             return out
 
+        def _update_actor(self, batch):
+            out = self._update_actor_with_metrics(batch)
+            if stop_requested(self.config.trainer.default_local_dir):  # SIGTERM with trainer.save_on_sigterm
+                print(f"SIGTERM: step {self.global_steps} is trained; saving its checkpoint, then stopping after "
+                      f"the step (trainer.save_on_sigterm)", flush=True)
+                self._save_checkpoint()
+            return out
+
+        def _start_profiling(self, do_profile: bool) -> None:
+            """Called by verl's loop at the start of every step, before its rollout: where a run asked to
+            stop (SIGTERM with trainer.save_on_sigterm) ends, after the step before was saved and logged."""
+            if stop_requested(self.config.trainer.default_local_dir):
+                raise StopAfterSave(getattr(self, "_saved_step", None))
+            return super()._start_profiling(do_profile)
+
+        def fit(self):
+            from train import metrics_file
+
+            try:
+                with metrics_file.appending():  # verl's file logger would truncate the run's metrics
+                    return super().fit()
+            except StopAfterSave as stop:
+                print(f"stopped (SIGTERM) after saving global_step_{stop.step}" if stop.step else
+                      "stopped (SIGTERM) before the first step", flush=True)
+                if hasattr(self, "_shutdown_dump_executor"):
+                    self._shutdown_dump_executor()
+
         def _save_checkpoint(self):
+            """verl's save, then a manifest of the files (synced to disk) and the tracker written
+            atomically, so that a resume only ever lands on a complete checkpoint; free space is checked
+            first, and a failed save names the folder (and the free space when the disk is full)."""
             from train import checkpoints
 
-            super()._save_checkpoint()
+            root, step = self.config.trainer.default_local_dir, self.global_steps
+            if getattr(self, "_saved_step", None) == step:  # saved on SIGTERM already; verl's own save of the step
+                return
+            previous = [s for s in checkpoints.saved_steps(root) if s < step]
+            checkpoints.check_free_space(root, step, previous[-1] if previous else None)
+            try:
+                super()._save_checkpoint()
+            except Exception as e:
+                raise checkpoints.CheckpointError(checkpoints.describe_save_failure(root, step, e)) from e
+            ckpt = self.config.actor_rollout_ref.actor.get("checkpoint") or {}
+            if not ckpt.get("async_save", False):  # async shards are still being written: verl skips the tracker too
+                checkpoints.write_manifest(checkpoints.step_dir(root, step))
+                checkpoints.write_tracker(root, step)
+            self._saved_step = step
             keep_last, keep_steps = checkpoints.check_config(
                 OmegaConf.to_container(self.config.get("checkpoints") or {}, resolve=True))
-            removed = checkpoints.prune(self.config.trainer.default_local_dir, keep_last, keep_steps)
+            removed = checkpoints.prune(root, keep_last, keep_steps)
             if removed:
                 print(f"checkpoints: removed global_step_{removed} (checkpoints.keep_last={keep_last}, "
                       f"keep_steps={keep_steps})", flush=True)
+
+        def _load_checkpoint(self):
+            from train import checkpoints
+
+            try:
+                return super()._load_checkpoint()
+            except Exception as e:
+                root = self.config.trainer.default_local_dir
+                step, why = checkpoints.read_tracker(root)
+                where = checkpoints.step_dir(root, step) if step is not None else f"{root} ({why})"
+                raise checkpoints.CheckpointError(
+                    f"loading the checkpoint {where} failed: {type(e).__name__}: {str(e)[-2000:]}. Move that folder "
+                    f"aside to resume from the one before (trainer.resume_mode=auto picks the newest complete one)"
+                ) from e
 
     return SearchR1Trainer
 
@@ -193,21 +263,54 @@ class SearchR1TaskRunner(BaseTaskRunner):
         trainer.fit()
 
 
-def init_ray_for_cpu(config: DictConfig) -> None:
-    """CPU runs (VERL_PLATFORM=cpu): one logical Ray GPU slot per "device", and the platform variable
-    (plus offline settings) in every Ray worker. GPU runs let verl's run_ppo start Ray as usual."""
+def init_ray(config: DictConfig, cpu: bool) -> str:
+    """Start Ray for this run (both paths; verl's ``run_ppo`` then finds it initialised): verl's runtime
+    env merged with ``ray_kwargs.ray_init.runtime_env``, as ``run_ppo`` does. A run starts its own Ray
+    instance (``address="local"``) unless ``RAY_ADDRESS`` or ``ray_kwargs.ray_init.address`` names a
+    cluster: a bare ``ray.init()`` joins whatever cluster runs on the machine (one left by
+    ``multinode.sh``, say). Joining, the resource arguments Ray refuses are dropped. CPU runs get one
+    logical Ray GPU slot per rank and the platform variables in every worker. Returns the line printed."""
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
-    env = get_ppo_ray_runtime_env(config)
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.get("full_determinism"):  # what run_ppo sets before its ray.init, for the runtime env
+        os.environ.update(VERL_FULL_DETERMINISM="1", VLLM_BATCH_INVARIANT="1", PYTHONHASHSEED=str(rollout.seed))
+    init = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}), resolve=True) or {}
+    env = OmegaConf.to_container(OmegaConf.merge(get_ppo_ray_runtime_env(config), init.pop("runtime_env", None) or {}))
     env.setdefault("env_vars", {})
-    for key in ("VERL_PLATFORM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE", "TOKENIZERS_PARALLELISM",
-                "VLLM_CPU_KVCACHE_SPACE"):
-        if os.environ.get(key) is not None:
-            env["env_vars"][key] = os.environ[key]
-    init = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}), resolve=True)
-    init.pop("runtime_env", None)
-    slots = config.trainer.n_gpus_per_node * config.trainer.nnodes
-    ray.init(**init, num_gpus=slots, runtime_env=env)
+    if cpu:
+        for key in ("VERL_PLATFORM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE", "TOKENIZERS_PARALLELISM",
+                    "VLLM_CPU_KVCACHE_SPACE"):
+            if os.environ.get(key) is not None:
+                env["env_vars"][key] = os.environ[key]
+    address = init.pop("address", None) or os.environ.get("RAY_ADDRESS")
+    init = {k: v for k, v in init.items() if v is not None}
+    if address:
+        dropped = sorted(k for k in ("num_cpus", "num_gpus", "resources", "object_store_memory", "include_dashboard")
+                         if init.pop(k, None) is not None)
+        line = (f"ray: joining the Ray cluster at {address} (" + ("ray_kwargs.ray_init.address" if
+                config.ray_kwargs.get("ray_init", {}).get("address") else "RAY_ADDRESS") + ")"
+                + (f"; its own resources apply ({', '.join(dropped)} not passed)" if dropped else ""))
+    else:
+        address = "local"
+        if cpu:
+            init["num_gpus"] = config.trainer.n_gpus_per_node * config.trainer.nnodes
+        line = ("ray: starting a Ray instance for this run (a cluster already running on this machine is not "
+                "joined; set RAY_ADDRESS to join one)")
+    print(line, flush=True)
+    try:
+        ray.init(address=address, **init, runtime_env=env)
+    except Exception as e:
+        chain, cause = [], e
+        while cause is not None and len(chain) < 10:
+            chain.append(str(cause))
+            cause = cause.__cause__ or cause.__context__
+        if address != "local" and "InvalidAuthToken" in " ".join(chain) and os.environ.get("RAY_AUTH_MODE") != "token":
+            raise SystemExit(f"error: the Ray cluster at {address} authenticates by token (Ray's default for "
+                             f"`ray start`) and this process sent none: set RAY_AUTH_MODE=token (the token is read from "
+                             f"~/.ray/auth_token, or RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH)") from None
+        raise
+    return line
 
 
 def forward_env_to_ray(config: DictConfig, keys) -> None:
@@ -227,8 +330,6 @@ def main(config: DictConfig) -> None:
 
     from train import cpu
 
-    from train import preflight
-
     plugins_env = "SEARCH_R1_PLUGINS"  # train.plugin imports these in every process; a bad one fails here
     if os.environ.get(plugins_env):  # files by absolute path: Ray workers may start elsewhere
         os.environ[plugins_env] = ",".join(os.path.abspath(p) if p.strip().endswith(".py") else p.strip()
@@ -240,13 +341,86 @@ def main(config: DictConfig) -> None:
     except Exception as e:
         raise SystemExit(f"error: {plugins_env}={os.environ.get(plugins_env)!r}: {type(e).__name__}: {e}") from None
     check_config(config)
+    root = os.path.abspath(str(config.trainer.default_local_dir))
+    stop_flag = os.path.join(root, STOP_FLAG)
+    if os.path.exists(stop_flag):  # left by an earlier run's SIGTERM
+        os.unlink(stop_flag)
+    terminated = on_sigterm(config, root)  # before Ray, and again once ray.init has put its own in place
+    try:
+        prepare_run(config, root, plugins_env)
+        if not ray.is_initialized():
+            init_ray(config, cpu=cpu.enabled())
+        on_sigterm(config, root, terminated)
+        run_ppo(config, task_runner_class=SearchR1TaskRunner)
+    except KeyboardInterrupt:
+        if not terminated:
+            raise
+        stop_after_sigterm(root)
+    if terminated:  # trainer.save_on_sigterm: the step finished and was saved
+        stop_after_sigterm(root)
+
+
+def prepare_run(config: DictConfig, root: str, plugins_env: str) -> int:
+    """Everything before Ray starts: environment and data checks, where the run resumes (the newest
+    complete checkpoint), the metrics file beside the checkpoints. Returns the step resumed from."""
+    from train import checkpoints, cpu, metrics_file, preflight
+
     preflight.run_all(config, cpu=cpu.enabled())
+    try:
+        preflight.data_preflight(config.data)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    with open_dict(config):  # one resolved folder for the checks here and for verl's workers
+        config.trainer.default_local_dir = root
+    try:
+        resume_step = checkpoints.prepare_resume(root, config.trainer.resume_mode,
+                                                 config.trainer.get("resume_from_path"))
+    except checkpoints.CheckpointError as e:
+        raise SystemExit(f"error: {e}") from None
+    metrics = metrics_file.path_for(config.trainer.get("logger"), root)
+    if metrics:
+        os.environ[metrics_file.ENV] = metrics
+        metrics_file.keep_until(metrics, resume_step)
     # WANDB_MODE from the preflight; where verl's file logger writes (trainer.logger: [..., file])
     forward_env_to_ray(config, ("WANDB_MODE", "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", plugins_env))
-    if cpu.enabled() and not ray.is_initialized():
-        init_ray_for_cpu(config)
-    run_ppo(config, task_runner_class=SearchR1TaskRunner)
+    return resume_step
 
+
+def on_sigterm(config: DictConfig, root: str, got: list | None = None) -> list:
+    """Handle SIGTERM in the driver (Ray's own handler exits 1, or aborts with 134 and a stack dump,
+    where Slurm and Kubernetes expect 143): abandon the step, shut Ray down, exit 143. With
+    ``+trainer.save_on_sigterm=true`` the step in progress finishes and is saved first (a second
+    SIGTERM abandons it). Returns the list that records the signal."""
+    import signal
+
+    got = [] if got is None else got
+    save = bool(config.trainer.get("save_on_sigterm", False))
+
+    def handler(signum, frame):
+        got.append(signum)
+        if save and len(got) == 1:
+            os.makedirs(root, exist_ok=True)
+            open(os.path.join(root, STOP_FLAG), "w").close()
+            print("SIGTERM: finishing this step and saving its checkpoint (trainer.save_on_sigterm=true), then "
+                  "exiting 143; a second SIGTERM stops at once", flush=True)
+            return
+        raise KeyboardInterrupt  # what ray.get is interrupted by cleanly
+
+    signal.signal(signal.SIGTERM, handler)
+    return got
+
+
+def stop_after_sigterm(root: str) -> None:
+    from train import checkpoints
+
+    step, _ = checkpoints.read_tracker(root)
+    print("SIGTERM: stopped; the newest checkpoint is "
+          + (f"global_step_{step} in {root}: rerun the same command to resume from it" if step else
+             "none: rerun to start again"), flush=True)
+    try:
+        ray.shutdown()
+    finally:
+        raise SystemExit(143)
 
 if __name__ == "__main__":
     main()

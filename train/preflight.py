@@ -145,3 +145,60 @@ def run_all(config, environ: MutableMapping[str, str] = os.environ, cpu: bool = 
     for n in notices:
         print(n, flush=True)
     return notices
+
+
+def _files(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+def check_data_file(path: str, key: str, log=print) -> int:
+    """One train or validation file, before Ray starts: it exists, is parquet with the columns the
+    trainer reads, and every row's gold answers pass :func:`train.reward.check_golds` (a blank gold
+    would make an empty answer score 1.0; no gold crashes the reward mid-run). Raises ValueError
+    naming the file and row; returns the number of rows."""
+    import pyarrow.parquet as pq
+
+    from train.reward import empty_once_normalised, gold_answers
+
+    if "://" in path:  # hdfs:// and the like: verl copies them to local disk itself
+        return 0
+    if not os.path.isfile(path):
+        raise ValueError(f"{key}: {path} does not exist (make the parquet files with `python -m train.data_prep`)")
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001  (pyarrow raises several kinds for a file that is not parquet)
+        raise ValueError(f"{key}: {path} is not a parquet file ({type(e).__name__}: {e}); make it with "
+                         f"`python -m train.data_prep`") from None
+    names = pf.schema_arrow.names
+    missing = [c for c in ("prompt", "reward_model") if c not in names]
+    if missing:
+        raise ValueError(f"{key}: {path} lacks the columns {missing} (has {names}); make it with "
+                         f"`python -m train.data_prep`")
+    cols = ["reward_model"] + (["extra_info"] if "extra_info" in names else [])
+    table = pf.read(columns=cols)
+    infos = table.column("extra_info").to_pylist() if "extra_info" in cols else [None] * table.num_rows
+    odd = []
+    for i, (rm, info) in enumerate(zip(table.column("reward_model").to_pylist(), infos)):
+        uid = (info or {}).get("uid") if isinstance(info, dict) else None
+        where = f"{key}: {path} row {i}" + (f" (uid {uid!r})" if uid is not None else "")
+        if not isinstance(rm, dict) or rm.get("ground_truth") is None:
+            raise ValueError(f"{where}: reward_model has no ground_truth ({rm!r})")
+        golds = gold_answers(rm["ground_truth"], where)
+        if empty_once_normalised(golds):
+            odd.append((i, golds))
+    if odd:
+        i, golds = odd[0]
+        log(f"notice: {key}: {path}: {len(odd)} rows have a gold answer that is empty once normalised (e.g. row {i}: "
+            f"{golds}); an empty answer matches them, as in Search-R1's EM")
+    return table.num_rows
+
+
+def data_preflight(data_config, log=print) -> None:
+    """The train and validation files of a training config (see :func:`check_data_file`)."""
+    for key in ("train_files", "val_files"):
+        for path in _files(data_config.get(key)):
+            check_data_file(path, f"data.{key}", log=log)

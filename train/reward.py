@@ -24,21 +24,45 @@ from train import protocol
 METRICS = ("em", "sub_em", "f1")
 
 
-def gold_answers(ground_truth: Any) -> list[str]:
-    """Accept a string, a list of strings, or ``{"target": ...}`` (also numpy arrays)."""
+def check_golds(golds: Any, where: str, field: str = "target") -> list[str]:
+    """The one rule for gold answers (data preparation, the training preflight, the reward and the
+    evaluator): a non-empty list of non-blank strings. A blank gold ("") makes an empty or
+    punctuation-only answer ("", ".") score 1.0 and every real answer 0.0.
+
+    A gold that is not blank but normalises to nothing ("A", "The", "."; articles and punctuation
+    are dropped) is kept, as Search-R1's EM keeps it (the test sets have such rows);
+    :func:`empty_once_normalised` finds them for a warning."""
+    if isinstance(golds, str):
+        golds = [golds]
+    if hasattr(golds, "tolist"):  # numpy arrays from parquet
+        golds = golds.tolist()
+    if not isinstance(golds, (list, tuple)) or not golds:
+        raise ValueError(f"{where}: row has no gold answer ({field!r} must be a non-empty list of strings, got {golds!r})")
+    for i, g in enumerate(golds):
+        if not isinstance(g, str):
+            raise ValueError(f"{where}: {field}[{i}] is {type(g).__name__} {g!r}, not a string "
+                             "(write numbers and booleans as the text the answer must match)")
+        if not g.strip():
+            raise ValueError(f"{where}: {field}[{i}] is empty ({g!r}): an empty or punctuation-only answer would "
+                             f"score 1.0 and every real answer 0.0")
+    return [g.strip() for g in golds]
+
+
+def empty_once_normalised(golds: Iterable[str]) -> list[str]:
+    """The golds that normalise to nothing: an empty answer matches them."""
+    return [g for g in golds if not protocol.normalize_answer(g)]
+
+
+def gold_answers(ground_truth: Any, where: str = "ground_truth") -> list[str]:
+    """Accept a string, a list of strings, or ``{"target": ...}`` (also numpy arrays); checked by
+    :func:`check_golds`."""
     if isinstance(ground_truth, dict):
         if "target" not in ground_truth:
-            raise ValueError(f"ground_truth dict has no 'target' key: {sorted(ground_truth)}")
+            raise ValueError(f"{where}: ground_truth dict has no 'target' key: {sorted(ground_truth)}")
         ground_truth = ground_truth["target"]
-    if isinstance(ground_truth, (str, int, float)):
-        return [str(ground_truth)]
-    if hasattr(ground_truth, "tolist"):
-        ground_truth = ground_truth.tolist()
-    if isinstance(ground_truth, Iterable):
-        answers = [str(g) for g in ground_truth]
-        if answers:
-            return answers
-    raise ValueError(f"ground_truth must be a string, a non-empty list or {{'target': [...]}}, got {ground_truth!r}")
+    if isinstance(ground_truth, (int, float)) and not isinstance(ground_truth, bool):
+        ground_truth = str(ground_truth)
+    return check_golds(ground_truth, where)
 
 
 def em(prediction: str, golds: Iterable[str]) -> float:
@@ -86,7 +110,8 @@ def compute_score(
     """verl custom reward: ``score`` plus ``em``, ``f1``, ``sub_em``, ``has_answer``, ``num_searches``."""
     if metric not in METRICS:
         raise ValueError(f"reward metric must be one of {METRICS}, got {metric!r}")
-    golds = gold_answers(ground_truth)
+    uid = extra_info.get("uid") if isinstance(extra_info, dict) else None
+    golds = gold_answers(ground_truth, f"reward for row uid {uid!r} (data_source {data_source!r})")
     answer = protocol.extract_answer(solution_str)
     values = {"em": 0.0, "sub_em": 0.0, "f1": 0.0}
     if answer is not None:

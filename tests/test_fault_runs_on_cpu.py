@@ -1,0 +1,141 @@
+"""Faults during real training runs (verl's trainer on CPU, 2 ranks, reference model + KL, the
+search_r1 agent loop against a retriever process): the retriever killed mid-step and restarted 20 s
+later, and SIGTERM (as Slurm or Kubernetes send it), with and without a checkpoint on the way out."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from train import checkpoints
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {"VERL_PLATFORM": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
+       "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
+
+
+def test_retriever_outage_mid_step_is_waited_out_and_never_trained_on(learn_task, learn_bm25_index, tmp_path):
+    """Kill the retriever after 20 searches of step 1 (of about 64), start it again 20 s later: the
+    manager waits for /health, redoes the rollout, and the step trains on no failed search (today the
+    step fails: more than half of its searches fail, or, under the threshold, they are trained on)."""
+    from tests.conftest import ServerProcess
+    from train.plot import read_metrics
+
+    server = ServerProcess(learn_bm25_index, log=tmp_path / "retriever.log")
+    events = []
+
+    def outage():
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            try:
+                queries = httpx.get(server.url + "/health", timeout=5).json()["queries"]
+            except Exception:  # noqa: BLE001
+                queries = 0
+            if queries >= 20:
+                server.kill()
+                events.append(("killed", queries, time.monotonic()))
+                time.sleep(20)
+                server.start()
+                events.append(("restarted", 0, time.monotonic()))
+                return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=outage, daemon=True)
+    watcher.start()
+    run = tmp_path / "run"
+    run.mkdir()
+    args = [sys.executable, "-m", "train.main", "--config-name", "cpu_learn",
+            f"actor_rollout_ref.model.path={learn_task / 'model'}",
+            f"data.train_files={learn_task / 'data' / 'train.parquet'}",
+            f"data.val_files={learn_task / 'data' / 'test.parquet'}", f"trainer.default_local_dir={run / 'ckpt'}",
+            f"search_r1.retriever_url={server.url}/retrieve", "trainer.total_training_steps=1",
+            "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1"]
+    try:
+        with open(run / "train.log", "w") as log:
+            r = subprocess.run(args, cwd=ROOT, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT,
+                               timeout=1500)
+        watcher.join(timeout=60)
+    finally:
+        server.kill()
+    text = (run / "train.log").read_text(errors="replace")
+    assert r.returncode == 0, text[-5000:]
+    assert [e[0] for e in events] == ["killed", "restarted"], events
+    assert "unreachable or erroring; waiting for it" in text and "the retriever answers again; redoing" in text, \
+        text[-5000:]
+    steps = read_metrics(run / "ckpt" / "metrics.jsonl")  # the preset's file logger, beside the checkpoints
+    m = steps[1]
+    assert m["search_r1/searches"] > 0.5  # the warm start searches
+    assert m["search_r1/failed_searches"] == 0 and m["search_r1/outage_searches"] == 0, m
+
+
+def wait_for(path: Path, needle: str, proc, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if needle in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode} before {needle!r}:\n" + path.read_text()[-4000:])
+        time.sleep(0.2)
+    raise AssertionError(f"no {needle!r} within {timeout} s:\n" + path.read_text()[-4000:])
+
+
+def ray_processes() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "raylet|gcs_server"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def test_sigterm_exits_143_with_or_without_a_checkpoint(tmp_path, tiny_model_dir, bm25_server, qa_path):
+    """SIGTERM to train.main exited 134 ("Aborted", Ray's handler, a stack dump). Now: with
+    ``+trainer.save_on_sigterm=true`` the step in progress finishes, is saved (complete, tracked) and
+    logged, then 143; a resumed run SIGTERMed without it abandons its step at once: 143, the tracker
+    still names the saved step, and no Ray process is left."""
+    from train.data_prep import main as prep
+    from train.plot import read_metrics
+
+    prep(["--out", str(tmp_path / "data"), "--local", str(qa_path), "--holdout", "5"])
+    ckpt = tmp_path / "ckpt"
+    common = [sys.executable, "-m", "train.main", "--config-name", "cpu_smoke",
+              f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'data/train.parquet'}",
+              f"data.val_files={tmp_path / 'data/test.parquet'}", f"trainer.default_local_dir={ckpt}",
+              f"search_r1.retriever_url={bm25_server.url}/retrieve", "search_r1.max_turn_tokens=16",
+              "trainer.total_training_steps=3", "trainer.save_freq=-1", "trainer.resume_mode=auto",
+              "trainer.logger=[console,file]"]
+    before = ray_processes()
+
+    def run(log: Path, extra, signal_after: str):
+        with open(log, "w") as f:
+            proc = subprocess.Popen([*common, *extra], cwd=ROOT, env={**os.environ, **ENV}, stdout=f,
+                                    stderr=subprocess.STDOUT)
+        try:
+            wait_for(log, signal_after, proc, 600)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=600)
+            return rc, time.monotonic() - t0, log.read_text(errors="replace")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+    rc, _, text = run(tmp_path / "save.log", ["+trainer.save_on_sigterm=true"], "metrics: appending to")
+    assert rc == 143, text[-5000:]
+    assert "Aborted" not in text and "core dumped" not in text and "SIGTERM received" not in text, text[-5000:]
+    assert "saving its checkpoint, then stopping after the step" in text
+    assert checkpoints.read_tracker(str(ckpt)) == (1, None)
+    assert checkpoints.problems(str(ckpt / "global_step_1")) == []
+    assert (ckpt / "global_step_1" / "manifest.json").is_file()
+    assert sorted(s for s, m in read_metrics(ckpt / "metrics.jsonl").items() if "critic/score/mean" in m) == [1]
+
+    rc, took, text = run(tmp_path / "abandon.log", [], "metrics: appending to")
+    assert rc == 143 and took < 120, (rc, took, text[-5000:])
+    assert "checkpoints: resuming from" in text and "global_step_1" in text
+    assert "SIGTERM: stopped; the newest checkpoint is global_step_1" in text, text[-3000:]
+    assert "Aborted" not in text and "core dumped" not in text
+    assert checkpoints.read_tracker(str(ckpt)) == (1, None) and checkpoints.saved_steps(str(ckpt)) == [1]
+    assert not (ckpt / ".stop_requested").exists()  # the first run's request was cleared at start
+    time.sleep(3)
+    assert ray_processes() == before, ray_processes()
