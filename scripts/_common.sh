@@ -30,12 +30,19 @@ geometry() {  # preset -> overrides giving 10 updates per rollout batch on N_GPU
   if [ "$1" != ppo ] && [ $((260 % ranks)) -ne 0 ]; then "$PY" -m train.geometry --ranks "$ranks"; fi
 }
 
+preset_overrides() {  # preset -> its geometry overrides for N_GPUS x NNODES ranks (+ the rehearsal's)
+  local preset=$1 geom; geom=$(geometry "$preset")
+  if [ -n "$REHEARSAL" ]; then
+    geom="$geom $("$PY" -m train.rehearsal "$preset" --ranks $((N_GPUS * NNODES)))" || return 2
+  fi
+  echo "$geom"
+}
+
 run_preset() {  # preset, extra hydra overrides...
   local preset=$1; shift
   check_retriever
-  local geom; geom=$(geometry "$preset")
+  local geom; geom=$(preset_overrides "$preset") || exit 2
   if [ -n "$REHEARSAL" ]; then
-    geom="$geom $("$PY" -m train.rehearsal "$preset" --ranks $((N_GPUS * NNODES)))" || exit 2
     echo "rehearsal ($REHEARSAL): $preset with $geom"
   else
     need_stack "training (the presets roll out with vLLM)" vllm

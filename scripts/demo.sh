@@ -60,9 +60,10 @@ echo "== 4. GRPO + LLDS with verl on CPU: $STEPS steps (log: $RUN/train.log, met
 TRAIN=(--config-name cpu_learn actor_rollout_ref.model.path="$TASK/model"
        data.train_files="$TASK/data/train.parquet" data.val_files="$TASK/data/test.parquet"
        trainer.default_local_dir="$RUN/checkpoints" search_r1.retriever_url="$URL/retrieve")
+# one line per step as it is trained (the whole log: $RUN/train.log)
 VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$RUN/metrics.jsonl" "$PY" -m train.main "${TRAIN[@]}" \
-  trainer.total_training_steps="$STEPS" trainer.save_freq="$STEPS" > "$RUN/train.log" 2>&1 \
-  || { tail -40 "$RUN/train.log"; exit 1; }
+  trainer.total_training_steps="$STEPS" trainer.save_freq="$STEPS" 2>&1 | tee "$RUN/train.log" \
+  | "$PY" scripts/step_metrics.py --live --steps "$STEPS" || { tail -40 "$RUN/train.log"; exit 1; }
 grep "WARNING: LLD alarm" "$RUN/train.log" || echo "collapse alarm: quiet (no LLD alarm in $STEPS steps)"
 "$PY" scripts/step_metrics.py "$RUN/train.log"
 

@@ -9,16 +9,31 @@
 #   shards are written by every node, and the job's working dir is a per-node temporary copy of this
 #   repo's code only (data/, checkpoints/, runs/ and other outputs are excluded from the upload; Ray
 #   refuses working dirs over its package size limit).
+# - Ray authenticates by token (`ray start` makes ~/.ray/auth_token on the head): this script sets
+#   RAY_AUTH_MODE=token; copy the head's ~/.ray/auth_token to each worker (or set RAY_AUTH_TOKEN) first.
+# - NODE_IP=<this node's address> picks the interface Ray advertises (several NICs); GLOO_SOCKET_IFNAME /
+#   NCCL_SOCKET_IFNAME, when set at submit, reach every worker.
+# - REHEARSAL=cpu: the same on CPU nodes (each node advertises N_GPUS logical GPUs and RAY_CPUS=8 CPUs; the preset plus the
+#   CPU overlay, as the train_*.sh launchers; tests/test_multinode_on_cpu.py runs it on two network
+#   namespaces of one machine).
 # The submit step checks the retriever and both paths from every node before training starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_common.sh
 ROLE=${ROLE:?set ROLE=head|worker|submit}
+# the ray beside the picked Python (a bare `ray` is missing outside an activated environment)
+RAY_BIN=$(dirname "$PY")/ray
+[ -x "$RAY_BIN" ] || RAY_BIN=$(command -v ray) \
+  || { echo "error: no ray beside $PY nor on PATH (picked: $PY_WHY); install the project there" >&2; exit 1; }
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
+NODE=(); [ -n "${NODE_IP:-}" ] && NODE=(--node-ip-address="$NODE_IP")
+# CPU nodes: one logical GPU slot per rank, and the logical CPUs a single-node CPU run gets (_cpu.yaml)
+[ -n "$REHEARSAL" ] && NODE+=(--num-gpus="$N_GPUS" --num-cpus="${RAY_CPUS:-8}")
 # What `ray job submit --working-dir .` must not upload (gitignore-style, relative to the repo).
 EXCLUDES='["data/wiki18/", "data/processed/", "checkpoints/", "runs/", "outputs/", "wandb/", ".venv/", ".venv-*/", ".git/", "*.index", "*.parquet"]'
 case "$ROLE" in
-  head)   exec ray start --head --dashboard-host=0.0.0.0 --port=6379 ;;
-  worker) exec ray start --address="${HEAD:?set HEAD=<head ip>}:6379" ;;
+  head)   exec "$RAY_BIN" start --head --dashboard-host=0.0.0.0 --port=6379 "${NODE[@]}" ;;
+  worker) exec "$RAY_BIN" start --address="${HEAD:?set HEAD=<head ip>}:6379" "${NODE[@]}" ;;
   submit)
     case "$RETRIEVER_URL" in *127.0.0.1*|*localhost*)
       echo "error: RETRIEVER_URL=$RETRIEVER_URL is loopback; other nodes cannot reach it. Use the head's address." >&2; exit 1;; esac
@@ -46,11 +61,18 @@ print("\n".join(f"{h}: retriever {s}, missing paths {m or 'none'}" for h, s, m i
 bad = [r for r in res if r[1] != 200 or r[2]]
 sys.exit(f"error: retriever unreachable or shared paths missing on {[r[0] for r in bad]}" if bad else 0)
 PYEOF
-    GEOM=$(geometry "${PRESET:-grpo_llds}")
+    PRESET=${PRESET:-grpo_llds}
+    GEOM=$(preset_overrides "$PRESET") || exit 2
+    [ -n "$REHEARSAL" ] && echo "rehearsal ($REHEARSAL): $PRESET with $GEOM on $NNODES nodes x $N_GPUS"
+    # the job's environment (every node): the platform, offline settings and socket interfaces that are set here
+    ENVS=$("$PY" -c 'import json, os, sys; print(json.dumps({k: os.environ[k] for k in sys.argv[1:] if os.environ.get(k)}))' \
+      VERL_PLATFORM HF_HUB_OFFLINE TRANSFORMERS_OFFLINE WANDB_MODE RAY_AUTH_MODE GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME \
+      TOKENIZERS_PARALLELISM RAY_DEDUP_LOGS)
+    echo "python: $PY ($PY_WHY)"
     # shellcheck disable=SC2086
-    exec ray job submit --address="http://127.0.0.1:8265" --working-dir . \
-      --runtime-env-json "{\"excludes\": $EXCLUDES}" -- \
-      python -m train.main --config-name "${PRESET:-grpo_llds}" $GEOM \
+    exec "$RAY_BIN" job submit --address="http://127.0.0.1:8265" --working-dir . \
+      --runtime-env-json "{\"excludes\": $EXCLUDES, \"env_vars\": $ENVS}" -- \
+      "$PY" -m train.main --config-name "$PRESET" $GEOM \
       actor_rollout_ref.model.path="$MODEL" data.train_files="$DATA_DIR/train.parquet" \
       data.val_files="$DATA_DIR/val_sample.parquet" trainer.n_gpus_per_node="$N_GPUS" trainer.nnodes="$NNODES" \
       trainer.default_local_dir="$CKPT_DIR" search_r1.retriever_url="$RETRIEVER_URL" "$@" ;;

@@ -4,7 +4,8 @@
 # MODEL and PRESET pick the row of data/paper_results.json, the checkpoint step the paper evaluated
 # and LLDS's lambda from one table (train/paper_runs.py: 7B-Instruct lambda 0.3, else 0.2; step 650
 # 3B-Ins, 600 3B-Base, 450 7B-Base, 650 7B-Ins). Baseline rows (grpo, ppo) have no fixed step: set STEP.
-# STEP, LAMBDA and PAPER_ROW in the environment override the table.
+# STEP, LAMBDA and PAPER_ROW in the environment override the table (a model it does not know, a local
+# one say, needs PAPER_ROW and STEP); EVAL_ARGS are passed to train.evaluate, EVAL_OUT names its jsonl.
 # Stages: wiki-18 + indexes -> FlashRAG data -> retriever (e5 flat on GPUs) -> training -> merge the
 # chosen checkpoint to HF format -> evaluation table beside the paper's row.
 set -euo pipefail
@@ -12,8 +13,15 @@ cd "$(dirname "$0")/.."
 source scripts/_common.sh
 PRESET=${PRESET:-grpo_llds}
 USER_ROW=${PAPER_ROW:-}
-RUN=$("$PY" -m train.paper_runs "$MODEL" "$PRESET") || exit 2
-eval "$RUN"
+PAPER_STEP= PAPER_LAMBDA=
+if RUN=$("$PY" -m train.paper_runs "$MODEL" "$PRESET" 2>/tmp/paper_runs.$$); then
+  eval "$RUN"
+elif [ -z "$USER_ROW" ] || [ -z "${STEP:-}" ]; then  # a model the table does not know: PAPER_ROW and STEP say
+  cat /tmp/paper_runs.$$ >&2; rm -f /tmp/paper_runs.$$
+  echo "  (another model, e.g. a local one: set PAPER_ROW=<row of data/paper_results.json> and STEP=<step>)" >&2
+  exit 2
+fi
+rm -f /tmp/paper_runs.$$
 STEP=${STEP:-$PAPER_STEP}
 LAMBDA=${LAMBDA:-$PAPER_LAMBDA}
 PAPER_ROW=${USER_ROW:-$PAPER_ROW}
@@ -26,12 +34,14 @@ EXP=${EXP:-${PRESET}_$(basename "$MODEL")}
 CKPT_DIR=${CKPT_DIR:-checkpoints/search_r1_llds/$EXP}
 echo "reproducing '$PAPER_ROW': $MODEL, preset $PRESET, evaluated at step $STEP${LAMBDA:+, lambda $LAMBDA}"
 
-[ -f "$WIKI18/e5_Flat.index" ] && [ -f "$WIKI18/wiki-18.jsonl" ] || bash scripts/download_wiki18.sh "$WIKI18" corpus,e5
 [ -f "$DATA_DIR/train.parquet" ] && [ -f "$DATA_DIR/test.parquet" ] && [ -f "$DATA_DIR/val_sample.parquet" ] \
   || bash scripts/download_data.sh
 
 base=${RETRIEVER_URL%/retrieve}
-if ! "$PY" -m retrieval.client "$base"; then
+if "$PY" -m retrieval.client "$base"; then  # a retriever already answers: no wiki-18 download (~78 GB)
+  echo "using the retriever at $base"
+else
+  [ -f "$WIKI18/e5_Flat.index" ] && [ -f "$WIKI18/wiki-18.jsonl" ] || bash scripts/download_wiki18.sh "$WIKI18" corpus,e5
   echo "starting the e5 retriever (log: runs/retriever.log) ..."
   mkdir -p runs
   RETRIEVER=e5 WIKI18=$WIKI18 nohup bash retrieval_launch.sh > runs/retriever.log 2>&1 &
@@ -43,7 +53,8 @@ if ! "$PY" -m retrieval.client "$base"; then
   fi
 fi
 
-if [ ! -d "$CKPT_DIR/global_step_$STEP" ]; then
+# train unless global_step_$STEP is there and complete (a cut save is not: the run resumes and redoes it)
+if ! "$PY" -m train.checkpoints "$CKPT_DIR/global_step_$STEP" >/dev/null 2>&1; then
   EXTRA=(trainer.experiment_name="$EXP" trainer.default_local_dir="$CKPT_DIR" "checkpoints.keep_steps=[$STEP]")
   [ -n "$LAMBDA" ] && EXTRA+=("llds.lambda=$LAMBDA")
   (source scripts/_common.sh; run_preset "$PRESET" "${EXTRA[@]}" "$@")
@@ -54,4 +65,6 @@ if [ ! -f "$HF_DIR/config.json" ]; then
   "$PY" -m verl.model_merger merge --backend fsdp --local_dir "$CKPT_DIR/global_step_$STEP/actor" --target_dir "$HF_DIR"
 fi
 
-bash scripts/evaluate.sh "$HF_DIR" --out "runs/eval/$EXP-step$STEP.jsonl" --paper-row "$PAPER_ROW"
+# EVAL_ARGS: more train.evaluate arguments, e.g. EVAL_ARGS="--limit 100" (100 questions per source)
+# shellcheck disable=SC2086
+bash scripts/evaluate.sh "$HF_DIR" --out "${EVAL_OUT:-runs/eval/$EXP-step$STEP.jsonl}" --paper-row "$PAPER_ROW" ${EVAL_ARGS:-}

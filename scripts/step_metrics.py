@@ -1,6 +1,8 @@
 """Print selected per-step metrics from a verl console log (the `step:N - key:value - ...` lines).
 
     python scripts/step_metrics.py runs/demo/train.log [more logs...]
+    python -m train.main ... 2>&1 | tee train.log | python scripts/step_metrics.py --live [--steps N]
+                                            # one line per step as training goes (the demo uses it)
 """
 
 import re
@@ -15,25 +17,55 @@ WINDOW = 3  # steps averaged at each end of the run for the rise
 NUM = re.compile(r"^(?:np\.\w+\()?(-?[0-9.]+(?:e-?[0-9]+)?)\)?$")
 
 
+def parse_line(line):
+    """``{key: value}`` of one ``step:N - ...`` console line (None for any other line)."""
+    i = line.find("step:")
+    if i < 0 or " - " not in line[i:]:
+        return None
+    fields = {}
+    for part in line[i:].strip().split(" - "):
+        k, _, v = part.partition(":")
+        m = NUM.match(v.strip())
+        if m:
+            fields[k.strip()] = float(m.group(1))
+    if "step" not in fields:
+        return None
+    val = [v for k, v in fields.items() if k.startswith("val-core/") and "/reward/mean@" in k]
+    if val:  # greedy EM on the validation file (the mean over its sources)
+        fields["val_em"] = sum(val) / len(val)
+    return fields
+
+
 def parse(path):
     steps = {}
     for line in open(path, errors="replace"):
-        i = line.find("step:")
-        if i < 0 or " - " not in line[i:]:
-            continue
-        fields = {}
-        for part in line[i:].strip().split(" - "):
-            k, _, v = part.partition(":")
-            m = NUM.match(v.strip())
-            if m:
-                fields[k.strip()] = float(m.group(1))
-        if "step" in fields:
-            val = [v for k, v in fields.items() if k.startswith("val-core/") and "/reward/mean@" in k]
-            if val:  # greedy EM on the validation file (the mean over its sources)
-                fields["val_em"] = sum(val) / len(val)
+        fields = parse_line(line)
+        if fields:
             steps.setdefault(int(fields["step"]), {}).update(fields)
     return steps
 
+
+def live(lines, total=None, out=sys.stdout, clock=None):
+    """Follow a training log: one line per step as it is logged (reward, searches, LLDS, elapsed)."""
+    import time
+
+    clock = clock or time.monotonic
+    start = clock()
+    for line in lines:
+        fields = parse_line(line)
+        if not fields or "critic/score/mean" not in fields:
+            continue
+        s = int(clock() - start)
+        parts = [f"step {int(fields['step'])}" + (f"/{total}" if total else ""),
+                 f"reward {fields['critic/score/mean']:.2f}"]
+        for key, name, fmt in (("search_r1/searches", "searches", ".2f"), ("actor/llds/penalty", "LLDS penalty", ".4f"),
+                               ("actor/llds/gated_action_frac", "gated", ".2f"), ("val_em", "val EM", ".2f")):
+            if key in fields:
+                parts.append(f"{name} {fields[key]:{fmt}}")
+        if fields.get("search_r1/lld_alarm"):
+            parts.append("LLD ALARM")
+        parts.append(f"elapsed {s // 60}m{s % 60:02d}s")
+        print("  ".join(parts), file=out, flush=True)
 
 
 def main(paths):
@@ -56,4 +88,9 @@ def main(paths):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--live"]:
+        args = sys.argv[2:]
+        total = int(args[args.index("--steps") + 1]) if "--steps" in args else None
+        live(sys.stdin, total)
+        sys.exit(0)
     sys.exit(main(sys.argv[1:]))

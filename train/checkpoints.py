@@ -323,3 +323,24 @@ def describe_save_failure(root: str, step: int, error: BaseException) -> str:
     tail = (f"global_step_{step} is incomplete and will not be resumed from; the newest complete checkpoint is "
             f"global_step_{last[-1]}" if last else f"global_step_{step} is incomplete; no earlier complete checkpoint")
     return f"{head}: {tail}. {'Free space, then resume. ' if full else ''}Cause: {text[-1500:]}"
+
+
+def main(argv=None) -> int:
+    """``python -m train.checkpoints DIR/global_step_N``: exit 0 when that checkpoint is complete,
+    else print why and exit 1 (``scripts/reproduce_paper.sh`` uses it to decide whether to train)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m train.checkpoints DIR/global_step_N", file=sys.stderr)
+        return 2
+    bad = problems(args[0])
+    for line in bad:
+        print(line)
+    if not bad:
+        print(f"{args[0]}: complete")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -118,8 +118,17 @@ def table(results: list[dict], paper: Optional[dict] = None) -> str:
         ref = f"{paper[s]:>10.3f}" if paper and s in paper else (f"{'':>10}" if paper else "")
         lines.append(f"{s:<18}{len(by[s]):>7}{em:>8.3f}{f1:>8.3f}{ref}")
     if ems:
-        avg_ref = f"{paper['avg']:>10.3f}" if paper and "avg" in paper else ""
+        avg_ref = ""
+        if paper:  # the paper's average only beside an average over the same sources
+            theirs = [s for s in paper if s != "avg"]
+            if set(theirs) <= set(sources) and "avg" in paper:
+                avg_ref = f"{paper['avg']:>10.3f}"
+            elif all(s in paper for s in sources):
+                avg_ref = f"{sum(paper[s] for s in sources) / len(sources):>10.3f}"
         lines.append(f"{'average (macro)':<18}{len(results):>7}{sum(ems) / len(ems):>8.3f}{'':>8}{avg_ref}")
+        if paper and len(sources) < len([s for s in paper if s != "avg"]):
+            lines.append(f"(over {len(sources)} of the paper's {len([s for s in paper if s != 'avg'])} sources: the "
+                         f"paper column's average is its mean over these {len(sources)}, not its reported average)")
     return "\n".join(lines)
 
 

@@ -5,9 +5,13 @@ verl counts ``data.train_batch_size`` and ``actor.ppo_mini_batch_size`` in promp
 mini-batch by ``rollout.n`` and splits it evenly over the data-parallel ranks, so the mini-batch's
 trajectories must divide by the rank count. The released runs used 512 prompts x 5 in 10 mini-batches
 of 256 trajectories on 4 GPUs; 512 prompts cannot give 10 equal mini-batches in verl, so this picks
-the mini-batch (in prompts) closest to 51.2 that divides: 52 on 1, 2 and 4 ranks, 48 on 8.
+the mini-batch (in prompts) closest to 51.2 that divides: 52 on 1, 2 and 4 ranks, 48 on 3, 6 and 8.
 
-    python -m train.geometry --ranks 8 [--n 5] [--updates 10]   # prints hydra overrides
+verl's agent loop manager also splits every rollout batch evenly over its agent workers
+(``actor_rollout_ref.rollout.agent.num_workers``, 8 by default; "only support equal chunk" otherwise),
+so the batch's trajectories must divide by that count too: 510 prompts x 5 on 3 ranks would not.
+
+    python -m train.geometry --ranks 8 [--n 5] [--updates 10] [--agent-workers 8]   # prints hydra overrides
 """
 
 from __future__ import annotations
@@ -16,24 +20,41 @@ import argparse
 import sys
 
 TARGET_PROMPTS = 512
+AGENT_WORKERS = 8  # verl's default actor_rollout_ref.rollout.agent.num_workers (the presets keep it)
 
 
-def ten_update_geometry(ranks: int, n: int = 5, updates: int = 10, target: int = TARGET_PROMPTS) -> tuple[int, int]:
+def ten_update_geometry(ranks: int, n: int = 5, updates: int = 10, target: int = TARGET_PROMPTS,
+                        workers: int = AGENT_WORKERS) -> tuple[int, int]:
     """(train_batch_size, ppo_mini_batch_size) in prompts, closest to ``target`` prompts per batch,
-    with ``updates`` mini-batches whose ``mini * n`` trajectories divide by ``ranks``."""
-    if ranks < 1 or n < 1 or updates < 1:
-        raise ValueError(f"ranks, n and updates must be >= 1 (got {ranks}, {n}, {updates})")
+    with ``updates`` mini-batches whose ``mini * n`` trajectories divide by ``ranks``, and a batch whose
+    trajectories divide by the ``workers`` agent workers."""
+    if ranks < 1 or n < 1 or updates < 1 or workers < 1:
+        raise ValueError(f"ranks, n, updates and agent workers must be >= 1 (got {ranks}, {n}, {updates}, {workers})")
     ideal = target / updates
-    candidates = [m for m in range(1, 4 * int(ideal) + 2) if (m * n) % ranks == 0]
+    candidates = [m for m in range(1, 4 * int(ideal) + 2) if (m * n) % ranks == 0 and (m * updates * n) % workers == 0]
     if not candidates:
-        raise ValueError(f"no mini-batch of <= {4 * int(ideal) + 1} prompts splits over {ranks} ranks with n={n}")
+        raise ValueError(f"no mini-batch of <= {4 * int(ideal) + 1} prompts splits over {ranks} ranks and {workers} "
+                         f"agent workers with n={n}")
     mini = min(candidates, key=lambda m: (abs(m - ideal), m))
     return mini * updates, mini
 
 
 def check_split(train_batch: int, mini_batch: int, n: int, ranks: int, micro: int | None = None,
-                dynamic: bool = False, prefix: str = "actor_rollout_ref.actor") -> None:
-    """Raise ValueError naming the numbers when verl could not split the batch evenly."""
+                dynamic: bool = False, prefix: str = "actor_rollout_ref.actor", workers: int | None = None) -> None:
+    """Raise ValueError naming the numbers when verl could not split the batch evenly (over the
+    ranks, the micro-batches and, when given, the ``workers`` agent workers of the rollout)."""
+    if workers and (train_batch * n) % workers:
+        updates = max(train_batch // mini_batch, 1)
+        hint = ""
+        try:
+            good = ten_update_geometry(ranks, n, updates, workers=workers)
+            hint = (f"; e.g. data.train_batch_size={good[0]} {prefix}.ppo_mini_batch_size={good[1]} "
+                    f"(python -m train.geometry --ranks {ranks} --n {n} --updates {updates} --agent-workers {workers})")
+        except ValueError:
+            pass
+        raise ValueError(f"data.train_batch_size={train_batch} prompts x rollout.n={n} = {train_batch * n} trajectories "
+                         f"do not split over actor_rollout_ref.rollout.agent.num_workers={workers} agent workers (verl "
+                         f"splits each rollout batch evenly over them and fails with 'only support equal chunk'){hint}")
     if train_batch % mini_batch:
         raise ValueError(f"data.train_batch_size={train_batch} is not a multiple of {prefix}.ppo_mini_batch_size="
                          f"{mini_batch}: the last optimizer update would get a partial mini-batch")
@@ -54,9 +75,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, required=True, help="GPUs in all (n_gpus_per_node x nnodes)")
     ap.add_argument("--n", type=int, default=5, help="rollout.n (default 5)")
     ap.add_argument("--updates", type=int, default=10, help="optimizer updates per rollout batch (default 10)")
+    ap.add_argument("--agent-workers", type=int, default=AGENT_WORKERS,
+                    help=f"actor_rollout_ref.rollout.agent.num_workers (default {AGENT_WORKERS}, verl's)")
     args = ap.parse_args(argv)
     try:
-        train, mini = ten_update_geometry(args.ranks, args.n, args.updates)
+        train, mini = ten_update_geometry(args.ranks, args.n, args.updates, workers=args.agent_workers)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -46,8 +46,10 @@ def check_config(config: DictConfig) -> None:
         raise ValueError("trainer.use_v1 must be false: train.main drives verl's RayPPOTrainer")
     actor = config.actor_rollout_ref.actor
     ranks = config.trainer.n_gpus_per_node * config.trainer.nnodes
-    check_split(config.data.train_batch_size, actor.ppo_mini_batch_size, config.actor_rollout_ref.rollout.n, ranks,
-                actor.get("ppo_micro_batch_size_per_gpu"), bool(actor.get("use_dynamic_bsz")))
+    rollout = config.actor_rollout_ref.rollout
+    check_split(config.data.train_batch_size, actor.ppo_mini_batch_size, rollout.n, ranks,
+                actor.get("ppo_micro_batch_size_per_gpu"), bool(actor.get("use_dynamic_bsz")),
+                workers=int((rollout.get("agent") or {}).get("num_workers") or 1))
     if llds.enable:
         n = config.actor_rollout_ref.rollout.n
         updates = config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size
@@ -288,6 +290,11 @@ def init_ray(config: DictConfig, cpu: bool) -> str:
     if address:
         dropped = sorted(k for k in ("num_cpus", "num_gpus", "resources", "object_store_memory", "include_dashboard")
                          if init.pop(k, None) is not None)
+        # inside a Ray job (multinode.sh submits one) the job's runtime env is merged with this one, and
+        # Ray refuses a variable named in both: those the job already set to the same value are left out,
+        # and on any other conflict this run's value wins
+        env["env_vars"] = {k: v for k, v in env["env_vars"].items() if os.environ.get(k) != str(v)}
+        os.environ.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
         line = (f"ray: joining the Ray cluster at {address} (" + ("ray_kwargs.ray_init.address" if
                 config.ray_kwargs.get("ray_init", {}).get("address") else "RAY_ADDRESS") + ")"
                 + (f"; its own resources apply ({', '.join(dropped)} not passed)" if dropped else ""))
@@ -328,7 +335,7 @@ def forward_env_to_ray(config: DictConfig, keys) -> None:
 def main(config: DictConfig) -> None:
     from verl.trainer.main_ppo import run_ppo
 
-    from train import cpu
+    from train import cpu, preflight
 
     plugins_env = "SEARCH_R1_PLUGINS"  # train.plugin imports these in every process; a bad one fails here
     if os.environ.get(plugins_env):  # files by absolute path: Ray workers may start elsewhere
@@ -350,6 +357,11 @@ def main(config: DictConfig) -> None:
         prepare_run(config, root, plugins_env)
         if not ray.is_initialized():
             init_ray(config, cpu=cpu.enabled())
+        try:
+            preflight.ray_resources_preflight(config)
+        except ValueError as e:
+            ray.shutdown()
+            raise SystemExit(f"error: {e}") from None
         on_sigterm(config, root, terminated)
         run_ppo(config, task_runner_class=SearchR1TaskRunner)
     except KeyboardInterrupt:
@@ -367,7 +379,9 @@ def prepare_run(config: DictConfig, root: str, plugins_env: str) -> int:
 
     preflight.run_all(config, cpu=cpu.enabled())
     try:
-        preflight.data_preflight(config.data)
+        preflight.strategy_preflight(config, cpu=cpu.enabled())
+        preflight.model_preflight(config)
+        preflight.data_preflight(config)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     with open_dict(config):  # one resolved folder for the checks here and for verl's workers

@@ -197,8 +197,88 @@ def check_data_file(path: str, key: str, log=print) -> int:
     return table.num_rows
 
 
-def data_preflight(data_config, log=print) -> None:
-    """The train and validation files of a training config (see :func:`check_data_file`)."""
+def _limit(rows: int, max_samples) -> int:
+    return min(rows, int(max_samples)) if max_samples is not None and int(max_samples) > 0 else rows
+
+
+def check_batches(config, train_rows: int) -> None:
+    """A train file smaller than one batch: verl drops the incomplete batch and only says "Train
+    dataloader is empty!" after Ray starts. (Validation batches need no check: verl pads each to a
+    multiple of the agent workers; the training batch's split over them is checked by
+    ``train.geometry.check_split``.)"""
+    data = config.data
+    train = _limit(train_rows, data.get("train_max_samples"))
+    if train and train < int(data.train_batch_size):
+        raise ValueError(f"data.train_files hold {train} rows, fewer than one batch (data.train_batch_size="
+                         f"{data.train_batch_size}): verl drops the incomplete batch and stops with 'Train dataloader "
+                         f"is empty!'. Use more training rows or a smaller data.train_batch_size")
+
+
+def data_preflight(config, log=print) -> None:
+    """The train and validation files of a training config (see :func:`check_data_file`) and their
+    batches (:func:`check_batches`)."""
+    rows = {}
     for key in ("train_files", "val_files"):
-        for path in _files(data_config.get(key)):
-            check_data_file(path, f"data.{key}", log=log)
+        rows[key] = sum(check_data_file(path, f"data.{key}", log=log) for path in _files(config.data.get(key)))
+    check_batches(config, rows["train_files"])
+
+
+def model_preflight(config) -> None:
+    """A model path that looks local must exist (else transformers asks the hub for it, minutes later
+    in every worker, and fails there)."""
+    from verl.trainer.ppo.utils import need_critic
+
+    from train.inference import looks_local
+
+    paths = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.get("path"))]
+    if need_critic(config):
+        paths.append(("critic.model.path", ((config.critic.get("model") or {}).get("path"))))
+    for key, path in paths:
+        if path and looks_local(str(path)) and not os.path.isdir(os.path.expanduser(str(path))):
+            raise ValueError(f"{key}={path} does not exist (a local model folder, or a hub id such as "
+                             f"Qwen/Qwen2.5-3B-Instruct)")
+
+
+def strategy_preflight(config, cpu: bool) -> None:
+    """FSDP1 needs an accelerator: on CPU it fails in the workers ("module has CPU parameters ...
+    sync_module_states"); FSDP2 runs there."""
+    if not cpu:
+        return
+    for key, strategy in (("actor_rollout_ref.actor.strategy", config.actor_rollout_ref.actor.get("strategy")),
+                          ("actor_rollout_ref.ref.strategy", config.actor_rollout_ref.ref.get("strategy")),
+                          ("critic.strategy", (config.get("critic") or {}).get("strategy"))):
+        if strategy == "fsdp":
+            raise ValueError(f"{key}=fsdp (FSDP1) cannot run on CPU (VERL_PLATFORM=cpu): it needs an accelerator "
+                             f"device id. Use fsdp2, as REHEARSAL=cpu (configs/rehearsal/cpu.yaml) does")
+
+
+def ray_resources_preflight(config, resources: Optional[dict] = None, nodes: Optional[list] = None) -> None:
+    """After Ray starts, before any worker: the ranks asked for must exist in the cluster (otherwise the
+    trainer waits forever for its placement groups while Ray's autoscaler logs "No available node
+    types can fulfill resource request")."""
+    import ray
+
+    from verl.single_controller.ray.base import ResourcePoolManager
+
+    per_node, nnodes = int(config.trainer.n_gpus_per_node), int(config.trainer.nnodes)
+    resources = ray.cluster_resources() if resources is None else resources
+    nodes = [n for n in ray.nodes() if n.get("Alive")] if nodes is None else nodes
+    have = int(resources.get("GPU", 0))
+    fitting = sum(1 for n in nodes if int(n.get("Resources", {}).get("GPU", 0)) >= per_node)
+    # verl's placement bundle per GPU also holds max_colocate_count CPUs (3: one per colocated worker group)
+    cpus = int(ResourcePoolManager.__dataclass_fields__["max_colocate_count"].default) * per_node
+    with_cpus = sum(1 for n in nodes if int(n.get("Resources", {}).get("GPU", 0)) >= per_node
+                    and int(n.get("Resources", {}).get("CPU", 0)) >= cpus)
+    if fitting >= nnodes and with_cpus < nnodes:
+        sizes = sorted((int(n.get("Resources", {}).get("CPU", 0)) for n in nodes), reverse=True)
+        raise ValueError(
+            f"trainer.n_gpus_per_node={per_node} needs {cpus} CPUs on each of {nnodes} nodes (verl reserves "
+            f"{cpus // per_node} per GPU), but the nodes with the GPUs have fewer (CPUs per node: {sizes}): the trainer "
+            f"would wait forever. Start the nodes with more CPUs (ray start --num-cpus)")
+    if have < per_node * nnodes or fitting < nnodes:
+        sizes = sorted((int(n.get("Resources", {}).get("GPU", 0)) for n in nodes), reverse=True)
+        raise ValueError(
+            f"trainer.n_gpus_per_node={per_node} x trainer.nnodes={nnodes} = {per_node * nnodes} GPUs asked for, but "
+            f"the Ray cluster has {have} (GPUs per node: {sizes}): the trainer would wait forever for them. Set "
+            f"N_GPUS / trainer.n_gpus_per_node to what each node has, NNODES / trainer.nnodes to the nodes that have "
+            f"them (GPUs visible to Ray: CUDA_VISIBLE_DEVICES, `ray status`)")

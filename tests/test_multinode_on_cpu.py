@@ -1,0 +1,106 @@
+"""``scripts/multinode.sh`` as typed, on a two-node Ray cluster made of two network namespaces of this
+machine (each its own address on a veth pair, so that Ray, gloo and the retriever cross a real link
+and loopback is not the other node): head, worker, submit (the from-every-node checks, one training
+step with the preset and the CPU overlay, both ranks' shards in the shared checkpoint folder), then a
+second submit that resumes from it. Needs root and iproute2 (CI has both); skipped elsewhere, never
+on CI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from train import checkpoints
+
+ROOT = Path(__file__).resolve().parent.parent
+# RFC 2544's benchmarking range: addresses of this test's own two hosts, inside namespaces it makes
+HEAD_IP, WORKER_IP = "198.18.213.1", "198.18.213.2"
+IFACE = "rnode"  # the veth end's name in both namespaces (GLOO_SOCKET_IFNAME names it on every node)
+
+
+def sh(*args, check=True, **kw):
+    return subprocess.run([str(a) for a in args], check=check, capture_output=True, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        if os.environ.get("CI"):
+            pytest.fail("the multi-node test needs root and iproute2 (ip netns), as CI has")
+        pytest.skip("needs root and iproute2 to make network namespaces")
+    names = (f"srhead{os.getpid()}", f"srwork{os.getpid()}")
+    try:
+        for ns in names:
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "link", "add", "srv0", "type", "veth", "peer", "name", "srv1")
+        for ns, end, ip in zip(names, ("srv0", "srv1"), (HEAD_IP, WORKER_IP)):
+            sh("ip", "link", "set", end, "netns", ns)
+            sh("ip", "-n", ns, "link", "set", end, "name", IFACE)
+            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", IFACE)
+            sh("ip", "-n", ns, "link", "set", IFACE, "up")
+        if shutil.which("ping"):
+            sh("ip", "netns", "exec", names[1], "ping", "-c", "1", "-W", "5", HEAD_IP)
+        yield names
+    finally:
+        for ns in names:
+            sh("ip", "netns", "exec", ns, Path(sys.executable).parent / "ray", "stop", "--force", check=False,
+               timeout=120)
+        for ns in names:
+            sh("ip", "netns", "del", ns, check=False)
+
+
+def in_ns(ns, env, *cmd, log: Path, timeout=1200, check=True):
+    with open(log, "w") as f:
+        r = subprocess.run(["ip", "netns", "exec", ns, "env", *[f"{k}={v}" for k, v in env.items()], *map(str, cmd)],
+                           cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+    text = log.read_text(errors="replace")
+    if check:
+        assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode} in {ns}:\n{text[-6000:]}"
+    return r.returncode, text
+
+
+def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, tiny_model_dir, qa_path, corpus_path):
+    from train.data_prep import main as prep
+
+    head, worker = nodes
+    prep(["--out", str(tmp_path / "data"), "--local", str(qa_path), "--holdout", "5"])
+    base = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "REHEARSAL": "cpu", "N_GPUS": "1",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled", "RAY_DEDUP_LOGS": "0",
+            "PYTHON": sys.executable}
+    # the retriever on the head's address (multinode.sh refuses a loopback URL: other nodes cannot reach it)
+    retriever = subprocess.Popen(
+        ["ip", "netns", "exec", head, "env", *[f"{k}={v}" for k, v in base.items()], f"HOST={HEAD_IP}", "PORT=8000",
+         "RETRIEVER=bm25", f"INDEX_ROOT={tmp_path / 'index'}", f"CORPUS={corpus_path}", "bash", "retrieval_launch.sh"],
+        cwd=ROOT, stdout=open(tmp_path / "retriever.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        in_ns(head, base, sys.executable, "-m", "retrieval.client", f"http://{HEAD_IP}:8000", "--wait", "300", "--pid",
+              retriever.pid, log=tmp_path / "wait.log", timeout=400)
+        in_ns(head, {**base, "ROLE": "head", "NODE_IP": HEAD_IP}, "bash", "scripts/multinode.sh",
+              log=tmp_path / "head.log", timeout=300)
+        in_ns(worker, {**base, "ROLE": "worker", "HEAD": HEAD_IP, "NODE_IP": WORKER_IP}, "bash", "scripts/multinode.sh",
+              log=tmp_path / "worker.log", timeout=300)
+        submit = {**base, "ROLE": "submit", "NNODES": "2", "PRESET": "grpo_llds", "MODEL": tiny_model_dir,
+                  "RETRIEVER_URL": f"http://{HEAD_IP}:8000/retrieve", "CKPT_DIR": tmp_path / "ckpt",
+                  "DATA_DIR": tmp_path / "data", "GLOO_SOCKET_IFNAME": IFACE}
+        _, text = in_ns(head, submit, "bash", "scripts/multinode.sh", "trainer.total_training_steps=1",
+                        log=tmp_path / "submit1.log")
+        assert text.count("retriever 200, missing paths none") == 2, text[-4000:]  # checked from both nodes
+        assert "rehearsal (cpu): grpo_llds with" in text and "on 2 nodes x 1" in text
+        assert "ray: joining the Ray cluster" in text and "step:1 " in text, text[-4000:]
+        step1 = tmp_path / "ckpt" / "global_step_1"
+        assert checkpoints.problems(str(step1)) == []
+        assert sorted(p.name for p in (step1 / "actor").glob("model_world_size_2_rank_*.pt")) == \
+            ["model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
+        _, text = in_ns(head, submit, "bash", "scripts/multinode.sh", "trainer.total_training_steps=2",
+                        log=tmp_path / "submit2.log")
+        assert f"checkpoints: resuming from {step1}" in text and "step:2 " in text, text[-4000:]
+        assert checkpoints.read_tracker(str(tmp_path / "ckpt")) == (2, None)
+        assert checkpoints.problems(str(tmp_path / "ckpt" / "global_step_2")) == []
+    finally:
+        retriever.kill()
