@@ -264,7 +264,7 @@ def test_multinode_submit_excludes_data_and_outputs():
     excludes = json.loads(text.split("EXCLUDES='", 1)[1].split("'", 1)[0])
     for p in ("data/wiki18/", "data/processed/", "checkpoints/", "runs/", ".venv/"):
         assert p in excludes
-    assert '--runtime-env-json "{\\"excludes\\": $EXCLUDES}"' in text
+    assert '--runtime-env-json "{\\"excludes\\": $EXCLUDES, \\"env_vars\\": $ENVS}"' in text
     assert 'trainer.default_local_dir="$CKPT_DIR"' in text
     r = subprocess.run(["bash", "scripts/multinode.sh"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "ROLE": "submit", "RETRIEVER_URL": "http://10.0.0.1:8000/retrieve",

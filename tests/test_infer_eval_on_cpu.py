@@ -103,7 +103,11 @@ def test_evaluator_known_em_resume_and_table(tiny_tokenizer, bm25_server, tmp_pa
     printed = capsys.readouterr().out
     assert "nq                     10   0.300" in printed
     assert "hotpotqa               10   0.700" in printed
-    assert "average (macro)        20   0.500" in printed and "0.441" in printed
+    # two of the paper's 7 sources: beside our average, the paper's mean over the same two (not its .441)
+    paper = evaluate.paper_row("3B-Ins GRPO+LLDS")
+    mean2 = (paper["nq"] + paper["hotpotqa"]) / 2
+    assert f"{'average (macro)':<18}{20:>7}{0.5:>8.3f}{'':>8}{mean2:>10.3f}" in printed and "0.441" not in printed
+    assert "over 2 of the paper's 7 sources" in printed
     # resume: drop half the lines (and cut one in the middle), re-run, same table, only missing rows redone
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:10]) + "\n" + lines[10][:15])

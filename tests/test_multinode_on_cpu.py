@@ -102,5 +102,11 @@ def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, tiny_model_di
         assert f"checkpoints: resuming from {step1}" in text and "step:2 " in text, text[-4000:]
         assert checkpoints.read_tracker(str(tmp_path / "ckpt")) == (2, None)
         assert checkpoints.problems(str(tmp_path / "ckpt" / "global_step_2")) == []
+        # the metrics file is on the shared checkpoint folder (not the job's temporary working dir) and
+        # the resumed job appended to it
+        from train.plot import read_metrics
+
+        steps = read_metrics(tmp_path / "ckpt" / "metrics.jsonl")
+        assert [s for s in sorted(steps) if "critic/score/mean" in steps[s]] == [1, 2], sorted(steps)
     finally:
         retriever.kill()

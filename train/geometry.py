@@ -29,7 +29,7 @@ def ten_update_geometry(ranks: int, n: int = 5, updates: int = 10, target: int =
     with ``updates`` mini-batches whose ``mini * n`` trajectories divide by ``ranks``, and a batch whose
     trajectories divide by the ``workers`` agent workers."""
     if ranks < 1 or n < 1 or updates < 1 or workers < 1:
-        raise ValueError(f"ranks, n, updates and agent workers must be >= 1 (got {ranks}, {n}, {updates}, {workers})")
+        raise ValueError(f"ranks, n and updates must be >= 1, and agent workers too (got {ranks}, {n}, {updates}, {workers})")
     ideal = target / updates
     candidates = [m for m in range(1, 4 * int(ideal) + 2) if (m * n) % ranks == 0 and (m * updates * n) % workers == 0]
     if not candidates:
