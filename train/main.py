@@ -290,10 +290,8 @@ def init_ray(config: DictConfig, cpu: bool) -> str:
     if address:
         dropped = sorted(k for k in ("num_cpus", "num_gpus", "resources", "object_store_memory", "include_dashboard")
                          if init.pop(k, None) is not None)
-        # inside a Ray job (multinode.sh submits one) the job's runtime env is merged with this one, and
-        # Ray refuses a variable named in both: those the job already set to the same value are left out,
-        # and on any other conflict this run's value wins
-        env["env_vars"] = {k: v for k, v in env["env_vars"].items() if os.environ.get(k) != str(v)}
+        # inside a Ray job (multinode.sh submits one) Ray merges the job's runtime env with this one and,
+        # by default, refuses a variable named in both; merged per variable, this run's value wins
         os.environ.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
         line = (f"ray: joining the Ray cluster at {address} (" + ("ray_kwargs.ray_init.address" if
                 config.ray_kwargs.get("ray_init", {}).get("address") else "RAY_ADDRESS") + ")"
