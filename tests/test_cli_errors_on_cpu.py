@@ -88,3 +88,27 @@ def test_evaluate_refuses_to_resume_onto_other_data(tmp_path, qa_path, capsys, t
     assert main(["--model", "m", "--data", str(tmp_path / "d" / "test.parquet"), "--out", str(out),
                  "--retriever-url", bm25_server.url], generator=NeverCalled()) == 2
     assert "holds results for other data: 1 rows" in capsys.readouterr().err
+
+
+def test_fault_handling_flags_and_keys(capsys, tmp_path):
+    """The values added for issues 20 and 21 are checked, each with its name in the message."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from train.agent_loop import SearchConfig
+    from train.evaluate import main as evaluate
+    from train.geometry import main as geometry
+
+    fails(evaluate, ["--model", "m", "--data", "x", "--max-failure-rate", "1.5"], capsys, "--max-failure-rate")
+    with pytest.raises(ValueError, match="search_r1.outage_wait_s must be >= 0"):
+        SearchConfig.from_config({"outage_wait_s": -1})
+    with pytest.raises(ValueError, match="search_r1.outage_redos must be >= 0"):
+        SearchConfig.from_config({"outage_redos": -1})
+    assert geometry(["--ranks", "2", "--agent-workers", "0"]) == 2 and "agent workers" in capsys.readouterr().err
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-m", "train.checkpoints"], cwd=root, capture_output=True, text=True)
+    assert r.returncode == 2 and "usage: python -m train.checkpoints" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "train.checkpoints", str(tmp_path / "global_step_3")], cwd=root,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "does not exist" in r.stdout

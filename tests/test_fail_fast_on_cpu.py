@@ -150,3 +150,12 @@ def test_checkpoint_check_command_and_a_partial_table(tmp_path):
     mean2 = (paper["nq"] + paper["hotpotqa"]) / 2
     assert f"{mean2:.3f}" in text.splitlines()[3] and f"{paper['avg']:.3f}" not in text.splitlines()[3]
     assert "over 2 of the paper's 7 sources" in text
+
+
+def test_save_on_sigterm_must_be_a_boolean(tiny_model_dir):
+    from train.main import check_config
+
+    cfg = load("cpu_smoke", [f"actor_rollout_ref.model.path={tiny_model_dir}", "+trainer.save_on_sigterm=sometimes"])
+    with pytest.raises(ValueError, match="trainer.save_on_sigterm must be true or false, got 'sometimes'"):
+        check_config(cfg)
+    check_config(load("cpu_smoke", [f"actor_rollout_ref.model.path={tiny_model_dir}", "+trainer.save_on_sigterm=true"]))

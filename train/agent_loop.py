@@ -336,6 +336,12 @@ def add_search_tensors(output, valid_search_count: str = "parsed") -> Any:
     return output
 
 
+def _total(output, *keys: str) -> int:
+    """The sum of per-trajectory counts (extra fields) over a rollout batch."""
+    nt = output.non_tensor_batch
+    return sum(int(v or 0) for key in keys for v in nt.get(key, []))
+
+
 class SearchR1AgentLoopManager(AgentLoopManager):
     """verl's manager plus the outage rule and :func:`add_search_tensors`. Select it with
     ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=train.agent_loop.SearchR1AgentLoopManager``.
@@ -352,11 +358,10 @@ class SearchR1AgentLoopManager(AgentLoopManager):
             out = super().generate_sequences(prompts)
             if asyncio.iscoroutine(out) or isinstance(out, asyncio.Future):
                 out = await out
-            nt = out.non_tensor_batch
-            outage = int(sum(int(v or 0) for v in nt.get("num_outage_searches", [])))
+            outage = _total(out, "num_outage_searches")
             if not outage or search.outage_wait_s <= 0:
                 break
-            sent = sum(int(v or 0) for key in ("num_failed_searches", "num_valid_searches") for v in nt.get(key, []))
+            sent = _total(out, "num_failed_searches", "num_valid_searches")
             if attempt == int(search.outage_redos):
                 raise RuntimeError(
                     f"search_r1: the retriever at {search.retriever_url} failed {outage} of {sent} searches again, in "
@@ -374,10 +379,9 @@ class SearchR1AgentLoopManager(AgentLoopManager):
                     f"'search failed' observations. Restart it and resume (trainer.resume_mode=auto) from the "
                     f"last checkpoint; raise search_r1.outage_wait_s to wait longer")
             print("search_r1: the retriever answers again; redoing the rollout", flush=True)
-        nt = out.non_tensor_batch
-        failed = int(sum(int(v or 0) for v in nt.get("num_failed_searches", [])))
-        sent = failed + int(sum(int(v or 0) for v in nt.get("num_valid_searches", [])))
-        check_failure_rate(sent, failed, search.max_failure_rate, search.retriever_url)
+        failed = _total(out, "num_failed_searches")
+        check_failure_rate(failed + _total(out, "num_valid_searches"), failed, search.max_failure_rate,
+                           search.retriever_url)
         llds = self.config.get("llds") or {}
         return add_search_tensors(out, llds.get("valid_search_count", "parsed"))
 

@@ -8,6 +8,7 @@ paper evaluates (650 of 1,005); this prunes whole ``global_step_N`` folders afte
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -137,8 +138,6 @@ def write_manifest(folder: str) -> dict:
         _fsync_path(path)
         files[rel] = os.path.getsize(path)
     manifest = {"files": files, "bytes": sum(files.values())}
-    import json
-
     atomic_write(os.path.join(folder, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
@@ -158,8 +157,6 @@ def problems(folder: str) -> list[str]:
     every listed file at its recorded size. Without one (a save cut before the manifest, or an
     older run): ``data.pt`` (verl writes it after all shards) and, per shard kind, the shards of every
     rank, each a whole archive."""
-    import json
-
     if not os.path.isdir(folder):
         return [f"{folder} does not exist"]
     out = []
@@ -203,8 +200,6 @@ def problems(folder: str) -> list[str]:
 
 def checkpoint_bytes(folder: str) -> int:
     """The size of a saved checkpoint (its manifest's total, else the files' sizes)."""
-    import json
-
     try:
         with open(os.path.join(folder, MANIFEST), encoding="utf-8") as f:
             return int(json.load(f)["bytes"])

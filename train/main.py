@@ -42,6 +42,8 @@ def check_config(config: DictConfig) -> None:
     checkpoint_preflight(config.trainer.nnodes, config.trainer.default_local_dir)
     checkpoints.check_config(OmegaConf.to_container(config.get("checkpoints") or {}, resolve=True))
     AlarmConfig.from_dict(OmegaConf.to_container(config.get("lld_alarm") or {}, resolve=True))
+    if not isinstance(config.trainer.get("save_on_sigterm", False), bool):
+        raise ValueError(f"trainer.save_on_sigterm must be true or false, got {config.trainer.save_on_sigterm!r}")
     if config.trainer.get("use_v1", True):
         raise ValueError("trainer.use_v1 must be false: train.main drives verl's RayPPOTrainer")
     actor = config.actor_rollout_ref.actor

@@ -27,15 +27,11 @@ NAME = "metrics.jsonl"
 ENV = "VERL_FILE_LOGGER_PATH"
 
 
-def _loggers(value) -> list[str]:
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else [str(v) for v in value]
-
-
 def path_for(trainer_logger, checkpoint_dir: str, environ=os.environ) -> str | None:
     """Where the file logger writes (absolute), or None when ``file`` is not among the loggers."""
-    if "file" not in _loggers(trainer_logger):
+    from train.preflight import as_list
+
+    if "file" not in as_list(trainer_logger):
         return None
     return os.path.abspath(environ.get(ENV) or os.path.join(checkpoint_dir, NAME))
 

@@ -24,12 +24,13 @@ TORCH_CUDA = "13"
 MIN_DRIVER = 580
 
 
-def _loggers(trainer_logger) -> list[str]:
-    if trainer_logger is None:
+def as_list(value) -> list[str]:
+    """A config value that may be one string or a list of them (trainer.logger, data.train_files)."""
+    if value is None:
         return []
-    if isinstance(trainer_logger, str):
-        return [trainer_logger]
-    return [str(x) for x in trainer_logger]
+    if isinstance(value, str):
+        return [value]
+    return [str(x) for x in value]
 
 
 def has_wandb_credentials(environ: Mapping[str, str]) -> bool:
@@ -47,7 +48,7 @@ def has_wandb_credentials(environ: Mapping[str, str]) -> bool:
 def wandb_preflight(trainer_logger, environ: MutableMapping[str, str]) -> Optional[str]:
     """Set ``WANDB_MODE=offline`` when wandb would need an account that is not configured; returns
     the notice to print (None when nothing changed)."""
-    if "wandb" not in _loggers(trainer_logger):
+    if "wandb" not in as_list(trainer_logger):
         return None
     mode = environ.get("WANDB_MODE", "").strip().lower()
     if mode in ("offline", "disabled", "dryrun") or has_wandb_credentials(environ):
@@ -147,14 +148,6 @@ def run_all(config, environ: MutableMapping[str, str] = os.environ, cpu: bool = 
     return notices
 
 
-def _files(value) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    return [str(v) for v in value]
-
-
 def check_data_file(path: str, key: str, log=print) -> int:
     """One train or validation file, before Ray starts: it exists, is parquet with the columns the
     trainer reads, and every row's gold answers pass :func:`train.reward.check_golds` (a blank gold
@@ -219,7 +212,7 @@ def data_preflight(config, log=print) -> None:
     batches (:func:`check_batches`)."""
     rows = {}
     for key in ("train_files", "val_files"):
-        rows[key] = sum(check_data_file(path, f"data.{key}", log=log) for path in _files(config.data.get(key)))
+        rows[key] = sum(check_data_file(path, f"data.{key}", log=log) for path in as_list(config.data.get(key)))
     check_batches(config, rows["train_files"])
 
 
