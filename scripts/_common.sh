@@ -24,6 +24,17 @@ check_retriever() {  # fail early, with the fix, when the retriever is not up
   fi
 }
 
+eval_backend() {  # BACKEND=vllm (batched; the GPU install) or hf (transformers, any device). Unset: vllm
+  # when the picked Python has it, else hf, saying so. Prints the train.evaluate argument.
+  local backend=${BACKEND:-}
+  if [ -z "$backend" ]; then
+    if "$PY" -c "import vllm" >/dev/null 2>&1; then backend=vllm; else
+      backend=hf; echo "note: $PY has no vLLM: evaluating with BACKEND=hf (transformers; slow on 51,713 questions)" >&2; fi
+  fi
+  [ "$backend" = vllm ] && need_stack "BACKEND=vllm (BACKEND=hf: transformers, any device)" vllm
+  echo "--backend $backend"
+}
+
 geometry() {  # preset -> overrides giving 10 updates per rollout batch on N_GPUS x NNODES ranks
   local ranks=$((N_GPUS * NNODES))
   # the presets' 520 / 52 prompts x 5 = 260 trajectories per mini-batch split over 1, 2, 4 ranks

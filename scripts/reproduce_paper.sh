@@ -3,9 +3,12 @@
 #   MODEL=Qwen/Qwen2.5-3B-Instruct PRESET=grpo_llds bash scripts/reproduce_paper.sh [hydra overrides...]
 # MODEL and PRESET pick the row of data/paper_results.json, the checkpoint step the paper evaluated
 # and LLDS's lambda from one table (train/paper_runs.py: 7B-Instruct lambda 0.3, else 0.2; step 650
-# 3B-Ins, 600 3B-Base, 450 7B-Base, 650 7B-Ins). Baseline rows (grpo, ppo) have no fixed step: set STEP.
+# 3B-Ins, 600 3B-Base, 450 7B-Base, 650 7B-Ins). Baseline rows (grpo, ppo) are "the best checkpoint
+# before collapse": without STEP the run keeps every checkpoint, each is evaluated on the validation
+# sample (python -m train.evaluate --checkpoints; CKPT_DIR/eval_steps/) and the best step is taken.
 # STEP, LAMBDA and PAPER_ROW in the environment override the table (a model it does not know, a local
-# one say, needs PAPER_ROW and STEP); EVAL_ARGS are passed to train.evaluate, EVAL_OUT names its jsonl.
+# one say, needs PAPER_ROW, and STEP unless the best step is wanted); EVAL_ARGS are passed to
+# train.evaluate on the test set (EVAL_OUT names its jsonl), STEPS_ARGS to the per-checkpoint evaluation.
 # Stages: wiki-18 + indexes -> FlashRAG data -> retriever (e5 flat on GPUs) -> training -> merge the
 # chosen checkpoint to HF format -> evaluation table beside the paper's row.
 set -euo pipefail
@@ -16,23 +19,26 @@ USER_ROW=${PAPER_ROW:-}
 PAPER_STEP= PAPER_LAMBDA=
 if RUN=$("$PY" -m train.paper_runs "$MODEL" "$PRESET" 2>/tmp/paper_runs.$$); then
   eval "$RUN"
-elif [ -z "$USER_ROW" ] || [ -z "${STEP:-}" ]; then  # a model the table does not know: PAPER_ROW and STEP say
+elif [ -z "$USER_ROW" ]; then  # a model the table does not know: PAPER_ROW says which row
   cat /tmp/paper_runs.$$ >&2; rm -f /tmp/paper_runs.$$
-  echo "  (another model, e.g. a local one: set PAPER_ROW=<row of data/paper_results.json> and STEP=<step>)" >&2
+  echo "  (another model, e.g. a local one: set PAPER_ROW=<row of data/paper_results.json>, and STEP=<step>" >&2
+  echo "   unless the best checkpoint is wanted)" >&2
   exit 2
 fi
 rm -f /tmp/paper_runs.$$
 STEP=${STEP:-$PAPER_STEP}
 LAMBDA=${LAMBDA:-$PAPER_LAMBDA}
 PAPER_ROW=${USER_ROW:-$PAPER_ROW}
-if [ -z "$STEP" ]; then
-  echo "error: the paper's $PAPER_ROW row is the best checkpoint before collapse (no fixed step); set STEP=<step>" >&2
-  exit 2
-fi
 WIKI18=${WIKI18:-data/wiki18}
 EXP=${EXP:-${PRESET}_$(basename "$MODEL")}
 CKPT_DIR=${CKPT_DIR:-checkpoints/search_r1_llds/$EXP}
-echo "reproducing '$PAPER_ROW': $MODEL, preset $PRESET, evaluated at step $STEP${LAMBDA:+, lambda $LAMBDA}"
+STEPS_OUT=$CKPT_DIR/eval_steps
+if [ -n "$STEP" ]; then
+  echo "reproducing '$PAPER_ROW': $MODEL, preset $PRESET, evaluated at step $STEP${LAMBDA:+, lambda $LAMBDA}"
+else
+  echo "reproducing '$PAPER_ROW': $MODEL, preset $PRESET, the best checkpoint before collapse (every saved"
+  echo "  step is kept and evaluated on $DATA_DIR/val_sample.parquet; set STEP=<step> to evaluate one step)"
+fi
 
 [ -f "$DATA_DIR/train.parquet" ] && [ -f "$DATA_DIR/test.parquet" ] && [ -f "$DATA_DIR/val_sample.parquet" ] \
   || bash scripts/download_data.sh
@@ -53,11 +59,24 @@ else
   fi
 fi
 
-# train unless global_step_$STEP is there and complete (a cut save is not: the run resumes and redoes it)
-if ! "$PY" -m train.checkpoints "$CKPT_DIR/global_step_$STEP" >/dev/null 2>&1; then
-  EXTRA=(trainer.experiment_name="$EXP" trainer.default_local_dir="$CKPT_DIR" "checkpoints.keep_steps=[$STEP]")
-  [ -n "$LAMBDA" ] && EXTRA+=("llds.lambda=$LAMBDA")
-  (source scripts/_common.sh; run_preset "$PRESET" "${EXTRA[@]}" "$@")
+EXTRA=(trainer.experiment_name="$EXP" trainer.default_local_dir="$CKPT_DIR")
+[ -n "$LAMBDA" ] && EXTRA+=("llds.lambda=$LAMBDA")
+if [ -n "$STEP" ]; then
+  # train unless global_step_$STEP is there and complete (a cut save is not: the run resumes and redoes it)
+  if ! "$PY" -m train.checkpoints "$CKPT_DIR/global_step_$STEP" >/dev/null 2>&1; then
+    (source scripts/_common.sh; run_preset "$PRESET" "${EXTRA[@]}" "checkpoints.keep_steps=[$STEP]" "$@")
+  fi
+else
+  # the whole run, every checkpoint kept (checkpoints.keep_last=0; a 3B actor's step with its optimizer
+  # state is ~36 GB), unless the best step was already chosen
+  if [ ! -f "$STEPS_OUT/best.json" ]; then
+    (source scripts/_common.sh; run_preset "$PRESET" "${EXTRA[@]}" checkpoints.keep_last=0 "$@")
+    # shellcheck disable=SC2086
+    "$PY" -m train.evaluate --checkpoints "$CKPT_DIR" --data "$DATA_DIR/val_sample.parquet" \
+      --out "$STEPS_OUT" --retriever-url "$base" $(eval_backend) ${STEPS_ARGS:-}
+  fi
+  STEP=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["step"])' "$STEPS_OUT/best.json")
+  echo "best step on the validation sample: $STEP ($STEPS_OUT/steps.jsonl, $STEPS_OUT/em_vs_step.png)"
 fi
 
 HF_DIR=$CKPT_DIR/global_step_$STEP/hf

@@ -133,9 +133,30 @@ def learn_task(tmp_path_factory) -> Path:
     policy that searches and answers, for the runs that need real searches."""
     from train import learnable
 
-    out = tmp_path_factory.mktemp("learn") / "task"
+    # LEARN_TASK_DIR: a folder to build it in once and reuse across sessions (build() reuses a task
+    # built with the same settings); by default a fresh temporary one
+    out = Path(os.environ["LEARN_TASK_DIR"]) if os.environ.get("LEARN_TASK_DIR") else \
+        tmp_path_factory.mktemp("learn") / "task"
     learnable.build(out, progress=False)
     return out
+
+
+#: The learning run (tests/test_learning_on_cpu.py): steps, seed, a checkpoint every SAVE_EVERY steps.
+LEARN_STEPS, LEARN_SEED, LEARN_SAVE_EVERY = 10, 0, 5
+
+
+@pytest.fixture(scope="session")
+def learn_run(learn_task, learn_server, tmp_path_factory):
+    """``(run_dir, {step: metrics})`` of one GRPO + LLDS run on the learnable task (configs/cpu_learn.yaml
+    from the warm start, 2 ranks; about 2.5 min): the learning test reads its curve, the per-checkpoint
+    evaluation its checkpoints (``run_dir/checkpoints/global_step_{5,10}``)."""
+    from train import learnable
+
+    run = tmp_path_factory.mktemp("learn_run") / "run"
+    steps = learnable.run_rl(learn_task, run, learn_server.url, steps=LEARN_STEPS, seed=LEARN_SEED,
+                             overrides=["trainer.val_before_train=false", "trainer.test_freq=-1",
+                                        f"trainer.save_freq={LEARN_SAVE_EVERY}"])
+    return run, steps
 
 
 @pytest.fixture(scope="session")

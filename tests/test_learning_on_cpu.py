@@ -10,10 +10,7 @@ healthy runs and of sabotaged ones, both measured over seeds with bench/bench_le
 
 import statistics
 
-from train import learnable
-
-STEPS = 10
-SEED = 0
+from tests.conftest import LEARN_STEPS as STEPS
 # The rise: median reward of the last 3 steps minus the reward of step 1 (the warm start's: step 1's
 # rollout comes before any update). The median lets one step dip (healthy runs have one, README "A CPU
 # run that learns") without failing. Until 2026-12-01 the baseline was the mean of the first 3 steps,
@@ -32,10 +29,8 @@ MIN_MEDIAN_SEARCHES = 0.8
 MIN_LAST_SEARCHES = 0.5
 
 
-def test_grpo_llds_raises_the_reward(learn_task, learn_server, tmp_path):
-    steps = learnable.run_rl(learn_task, tmp_path / "run", learn_server.url, steps=STEPS, seed=SEED,
-                             overrides=["trainer.val_before_train=false", "trainer.test_freq=-1",
-                                        f"trainer.save_freq={STEPS}"])
+def test_grpo_llds_raises_the_reward(learn_run):
+    _, steps = learn_run  # 10 steps from the warm start, seed 0 (tests/conftest.py)
     train_steps = [s for s in sorted(steps) if "critic/score/mean" in steps[s]]
     assert train_steps == list(range(1, STEPS + 1))
     rewards = [steps[s]["critic/score/mean"] for s in train_steps]

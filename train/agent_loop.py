@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 from dataclasses import dataclass, fields
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 from uuid import uuid4
 
 import numpy as np
@@ -108,15 +108,19 @@ def stop_params(rollout_name: Optional[str]) -> dict:
     return {"stop": stops, "include_stop_str_in_output": True}
 
 
-def cut_after_stop(tokenizer, ids: list[int]) -> list[int]:
+def cut_after_stop(tokenizer, ids: list[int], stops: Optional[Sequence[str]] = None) -> list[int]:
     """The shortest prefix of ``ids`` whose text contains a complete stop tag (all of ``ids`` when
-    none does). Prefix containment is monotone, so bisection needs O(log n) decodes."""
-    if not ids or protocol.find_stop(tokenizer.decode(ids)) is None:
+    none does; ``stops`` defaults to the protocol's). Prefix containment is monotone, so bisection
+    needs O(log n) decodes."""
+    def found(text: str) -> bool:
+        return protocol.find_stop(text) is not None if stops is None else any(t in text for t in stops)
+
+    if not ids or not found(tokenizer.decode(ids)):
         return ids
     lo, hi = 1, len(ids)
     while lo < hi:
         mid = (lo + hi) // 2
-        if protocol.find_stop(tokenizer.decode(ids[:mid])) is None:
+        if not found(tokenizer.decode(ids[:mid])):
             lo = mid + 1
         else:
             hi = mid

@@ -1,11 +1,18 @@
-"""The 7-benchmark evaluation: greedy multi-turn inference over a test parquet, EM/F1 per source.
+"""The 7-benchmark evaluation: greedy inference over a test parquet, EM/F1 per source.
 
     python -m train.evaluate --model CKPT --data data/processed/test.parquet [--backend vllm]
+        [--method search_r1|direct|cot|rag] [--engines N] [--tensor-parallel-size K]
         [--sources nq,hotpotqa] [--limit N] [--out runs/eval/CKPT.jsonl] [--paper-row "3B-Ins GRPO+LLDS"]
+    python -m train.evaluate --checkpoints CKPT_DIR --data data/processed/val_sample.parquet [--out DIR]
 
-Per-sample results go to a jsonl (resumable: rows already there are skipped); the table prints EM
+Per-sample results go to one jsonl (resumable: rows already there are skipped); the table prints EM
 (and F1) per data_source and the macro average, beside the paper's numbers when a row is given
-(``data/paper_results.json``, with its source).
+(``data/paper_results.json``, with its source). With GPUs, one engine per GPU (``--engines``,
+default all; :mod:`train.engines`). ``--method`` picks the Search-R1 agent or a baseline of its
+table (direct answer, chain of thought, RAG with the top-3 passages; prompts in
+:mod:`train.protocol`). ``--checkpoints`` evaluates every saved ``global_step_N`` of a run (merged
+to HF format on the fly), one row per step, plots EM against step beside the training reward, and
+names the best step.
 """
 
 from __future__ import annotations
@@ -104,11 +111,23 @@ class RetrieverDown(RuntimeError):
     pass
 
 
-def table(results: list[dict], paper: Optional[dict] = None) -> str:
+def by_source(results: list[dict]) -> dict[str, list[dict]]:
+    """Rows grouped by data_source, in the paper's order (others after, sorted)."""
     by = defaultdict(list)
     for d in results:
         by[d["data_source"]].append(d)
-    sources = [s for s in ORDER if s in by] + sorted(s for s in by if s not in ORDER)
+    return {s: by[s] for s in [s for s in ORDER if s in by] + sorted(s for s in by if s not in ORDER)}
+
+
+def macro_em(results: list[dict]) -> tuple[dict[str, float], float]:
+    """EM per source and their mean (the paper's average)."""
+    per = {s: sum(d["em"] for d in rows) / len(rows) for s, rows in by_source(results).items()}
+    return per, (sum(per.values()) / len(per) if per else 0.0)
+
+
+def table(results: list[dict], paper: Optional[dict] = None) -> str:
+    by = by_source(results)
+    sources = list(by)
     lines = [f"{'source':<18}{'n':>7}{'EM':>8}{'F1':>8}" + (f"{'paper EM':>10}" if paper else "")]
     ems = []
     for s in sources:
@@ -135,13 +154,20 @@ def table(results: list[dict], paper: Optional[dict] = None) -> str:
 def paper_row(name: Optional[str]) -> Optional[dict]:
     if not name:
         return None
-    rows = json.loads(PAPER_RESULTS.read_text())["rows"]
+    data = json.loads(PAPER_RESULTS.read_text())
+    rows = data["rows"]
     if name not in rows:
         raise SystemExit(f"error: --paper-row {name!r} unknown; choose from: {', '.join(rows)}")
+    print(f"paper row {name!r}: {data.get('row_sources', {}).get(name, data['source'])}")
     return rows[name]
 
 
-async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: float = 0.5) -> list[dict]:
+async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: float = 0.5,
+                   stats: Optional[dict] = None) -> list[dict]:
+    """Ask every row not already in ``out_path`` and append its result there. ``stats`` (when given)
+    gets ``asked``, ``generated_tokens`` and ``wall_s`` of this call."""
+    import time
+
     from tqdm import tqdm
 
     from train.reward import compute_score
@@ -164,8 +190,10 @@ async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: fl
         tmp = out_path.with_name(out_path.name + ".tmp")
         tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in done.values()), encoding="utf-8")
         os.replace(tmp, out_path)
-    bar = tqdm(total=len(todo), desc="evaluating", file=sys.stderr)
+    bar = tqdm(total=len(todo), desc="evaluating", file=sys.stderr, unit="q")
     window = FailureWindow(max_failure_rate)
+    counts = {"asked": 0, "generated_tokens": 0}
+    t0 = time.perf_counter()
     left_out: list[str] = []  # rows whose trajectory saw a failed search: not written, redone next time
     stop: list[str] = []
     with open(out_path, "a", encoding="utf-8") as f:
@@ -173,6 +201,8 @@ async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: fl
             res = await asker.ask(row["question"])
             window.add(res.failed_searches + res.valid_searches, res.failed_searches)
             bar.update(1)
+            counts["asked"] += 1
+            counts["generated_tokens"] += res.generated_tokens
             if res.failed_searches:
                 left_out.append(row["uid"])
                 if window.down() and not stop:
@@ -182,7 +212,7 @@ async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: fl
             d = {"uid": row["uid"], "data_source": row["data_source"], "question": row["question"],
                  "golds": row["golds"], "answer": res.answer, "em": s["em"], "f1": s["f1"],
                  "searches": res.searches, "failed_searches": 0, "stop_reason": res.stop_reason,
-                 "trajectory": res.response}
+                 "generated_tokens": res.generated_tokens, "trajectory": res.response}
             f.write(json.dumps(d, ensure_ascii=False) + "\n")
             f.flush()
             done[row["uid"]] = d
@@ -199,6 +229,8 @@ async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: fl
 
         await asyncio.gather(*(worker() for _ in range(min(getattr(asker, "concurrency", 256), len(todo)) or 1)))
     bar.close()
+    if stats is not None:
+        stats.update(counts, wall_s=time.perf_counter() - t0)
     results = [done[r["uid"]] for r in rows if r["uid"] in done]
     if stop or left_out:
         url = getattr(getattr(asker, "client", None), "url", "the retriever")
@@ -217,17 +249,26 @@ async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: fl
     return results
 
 
-def main(argv=None, generator=None) -> int:
-    from train.inference import Asker, InferenceError, load_tokenizer_and_check, make_generator, make_search_client
+def build_parser() -> argparse.ArgumentParser:
+    from train import protocol
 
     ap = argparse.ArgumentParser(prog="python -m train.evaluate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", default=None, help="HF model folder or hub id (or --checkpoints)")
+    ap.add_argument("--checkpoints", default=None, metavar="CKPT_DIR",
+                    help="evaluate every complete global_step_N in CKPT_DIR (a run's trainer.default_local_dir)")
     ap.add_argument("--data", required=True, help="test parquet (train.data_prep)")
     ap.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    ap.add_argument("--method", choices=list(protocol.METHODS), default="search_r1",
+                    help="search_r1 (the agent; default) or a baseline: direct, cot, rag (top-k passages in the prompt)")
+    ap.add_argument("--engines", type=int, default=None,
+                    help="inference engines, one process each (default: one per visible GPU, or per "
+                         "--tensor-parallel-size GPUs; 1 without GPUs)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per vLLM engine (default 1)")
     ap.add_argument("--sources", default=None, help="comma-separated data_source names")
     ap.add_argument("--limit", type=int, default=None, help="at most N rows per source")
-    ap.add_argument("--out", default=None, help="per-sample jsonl (default runs/eval/<model>.jsonl)")
+    ap.add_argument("--out", default=None, help="per-sample jsonl (default runs/eval/<model>.jsonl); with "
+                                                "--checkpoints a folder (default CKPT_DIR/eval)")
     ap.add_argument("--retriever-url", default="http://127.0.0.1:8000")
     ap.add_argument("--index", default=None)
     ap.add_argument("--corpus", default=None)
@@ -235,34 +276,116 @@ def main(argv=None, generator=None) -> int:
     ap.add_argument("--topk", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=500)
     ap.add_argument("--device", default=None)
-    ap.add_argument("--concurrency", type=int, default=256, help="questions in flight at once (default 256)")
+    ap.add_argument("--concurrency", type=int, default=256, help="questions in flight per engine (default 256)")
     ap.add_argument("--paper-row", default=None, help="print the paper's numbers for this row beside ours")
     ap.add_argument("--max-failure-rate", type=float, default=0.5,
                     help="stop when more than this share of the last 50 searches failed (default 0.5); rows "
                          "that saw a failed search are never written")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def build_asker(args, generator=None):
+    """The asker for one engine in this process (``generator`` replaces the model backend in tests)."""
+    from train.inference import Asker, load_tokenizer_and_check, make_generator, make_search_client
+
+    tokenizer = getattr(generator, "tokenizer", None) or load_tokenizer_and_check(args.model)
+    client = None
+    if args.method in ("search_r1", "rag"):  # direct and cot need no retriever
+        client = make_search_client(args.retriever_url, args.corpus, args.index, topk=args.topk)
+    gen = generator or make_generator(args.model, args.backend, args.device,
+                                      tensor_parallel_size=args.tensor_parallel_size)
+    return Asker(gen, tokenizer, client, max_turns=args.max_turns, topk=args.topk, temperature=0.0,
+                 max_new_tokens=args.max_new_tokens, concurrency=args.concurrency, model_path=args.model,
+                 method=args.method)
+
+
+def _worker_argv(args, model: str) -> list[str]:
+    argv = ["--model", model, "--data", args.data, "--backend", args.backend, "--method", args.method,
+            "--retriever-url", args.retriever_url, "--max-turns", str(args.max_turns), "--topk", str(args.topk),
+            "--max-new-tokens", str(args.max_new_tokens), "--tensor-parallel-size", str(args.tensor_parallel_size)]
+    for flag, value in (("--index", args.index), ("--corpus", args.corpus), ("--device", args.device)):
+        if value:
+            argv += [flag, value]
+    return argv
+
+
+def run_model(args, model: str, rows: list[dict], out: Path, generator=None) -> tuple[list[dict], dict]:
+    """Evaluate ``model`` on ``rows`` into ``out`` with one engine in this process or a pool of them;
+    returns the results and this run's ``stats`` (asked, generated_tokens, wall_s, engines)."""
+    from train.engines import EnginePool, plan, visible_gpus
+
+    devices = [None] if generator is not None else plan(args.engines, args.tensor_parallel_size, visible_gpus())
+    stats: dict = {"engines": len(devices)}
+    if len(devices) == 1:
+        asker = build_asker(argparse.Namespace(**{**vars(args), "model": model}), generator)
+        return asyncio.run(evaluate(rows, asker, out, args.max_failure_rate, stats)), stats
+
+    async def pooled():
+        pool = EnginePool(_worker_argv(args, model), devices, out, concurrency=args.concurrency)
+        await pool.start()
+        try:
+            return await evaluate(rows, pool, out, args.max_failure_rate, stats)
+        finally:
+            await pool.close()
+            stats["reasked"] = pool.reasked
+
+    return asyncio.run(pooled()), stats
+
+
+def describe_speed(stats: dict) -> str:
+    n, wall, tok = stats.get("asked", 0), stats.get("wall_s", 0.0), stats.get("generated_tokens", 0)
+    if not n or wall <= 0:
+        return "nothing left to ask (every row was already in the results file)"
+    text = (f"{n} questions in {wall:.1f} s on {stats['engines']} engine{'s' if stats['engines'] > 1 else ''}: "
+            f"{n / wall:.2f} questions/s, {tok / wall:.1f} generated tokens/s")
+    if stats.get("reasked"):
+        text += f" ({stats['reasked']} asked again after their engine died)"
+    return text
+
+
+def _check_args(ap, args) -> None:
     if args.limit is not None and args.limit < 1:
         ap.error("--limit must be >= 1")
     if args.concurrency < 1:
         ap.error("--concurrency must be >= 1")
     if not 0.0 <= args.max_failure_rate <= 1.0:
         ap.error("--max-failure-rate must be in [0, 1]")
+    if args.engines is not None and args.engines < 1:
+        ap.error("--engines must be >= 1")
+    if args.tensor_parallel_size < 1:
+        ap.error("--tensor-parallel-size must be >= 1")
+    if args.tensor_parallel_size > 1 and args.backend != "vllm":
+        ap.error("--tensor-parallel-size needs --backend vllm")
+    if bool(args.model) == bool(args.checkpoints):
+        ap.error("give --model or --checkpoints (one of them)")
+
+
+def main(argv=None, generator=None) -> int:
+    from train.engines import EnginesDown
+    from train.inference import InferenceError
+
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    _check_args(ap, args)
     paper = paper_row(args.paper_row)
     rows = load_rows(args.data, args.sources.split(",") if args.sources else None, args.limit)
     if not rows:
         print("error: no rows selected", file=sys.stderr)
         return 2
-    out = Path(args.out or Path("runs/eval") / (Path(args.model.rstrip("/")).name + ".jsonl"))
     try:
-        tokenizer = getattr(generator, "tokenizer", None) or load_tokenizer_and_check(args.model)
-        client = make_search_client(args.retriever_url, args.corpus, args.index, topk=args.topk)
-        gen = generator or make_generator(args.model, args.backend, args.device)
-        asker = Asker(gen, tokenizer, client, max_turns=args.max_turns, topk=args.topk, temperature=0.0,
-                      max_new_tokens=args.max_new_tokens, concurrency=args.concurrency, model_path=args.model)
-        results = asyncio.run(evaluate(rows, asker, out, args.max_failure_rate))
+        if args.checkpoints:
+            from train.eval_steps import evaluate_checkpoints
+
+            return evaluate_checkpoints(args, rows, paper, generator)
+        out = Path(args.out or Path("runs/eval") / (Path(args.model.rstrip("/")).name + ".jsonl"))
+        results, stats = run_model(args, args.model, rows, out, generator)
     except InferenceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except EnginesDown as e:
+        print(f"error: {e}; the rows written so far are kept in the results file: rerun the same command "
+              f"to evaluate the others", file=sys.stderr)
+        return 4
     except RetrieverDown as e:
         message, partial = e.args
         if partial:
@@ -271,6 +394,7 @@ def main(argv=None, generator=None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 3
     print(table(results, paper))
+    print(describe_speed(stats))
     print(f"per-sample results: {out}")
     return 0
 

@@ -42,7 +42,8 @@ def load_tokenizer_and_check(model: str):
 class VLLMServerManager:
     """vLLM's async engine behind the server-manager interface (batched across concurrent calls)."""
 
-    def __init__(self, model: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85, seed: int = 0):
+    def __init__(self, model: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85, seed: int = 0,
+                 tensor_parallel_size: int = 1):
         try:
             from vllm import AsyncEngineArgs, AsyncLLMEngine
         except ImportError as e:
@@ -51,10 +52,11 @@ class VLLMServerManager:
 
         on_gpu = torch.cuda.is_available()
         # vLLM's CPU build (tests, CI): no CUDA graphs to capture; the KV cache size comes from
-        # VLLM_CPU_KVCACHE_SPACE (GiB), not from gpu_memory_utilization.
+        # VLLM_CPU_KVCACHE_SPACE (GiB), not from gpu_memory_utilization. Prefix caching (vLLM's default
+        # on GPUs) lets each turn of a trajectory reuse the KV of the turns before it.
         self.engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(
             model=model, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-            enforce_eager=not on_gpu))
+            enforce_eager=not on_gpu, tensor_parallel_size=tensor_parallel_size))
         self._n = 0
 
     async def generate(self, request_id=None, *, prompt_ids, sampling_params, **kwargs):
@@ -76,14 +78,17 @@ class VLLMServerManager:
         return TokenOutput(token_ids=list(comp.token_ids), log_probs=lps, stop_reason="completed")
 
 
-def make_generator(model: str, backend: str = "hf", device: Optional[str] = None, seed: int = 0):
+def make_generator(model: str, backend: str = "hf", device: Optional[str] = None, seed: int = 0,
+                   tensor_parallel_size: int = 1):
+    """The generation backend: ``hf`` (transformers; batched decoding with the KV cache kept across
+    the turns of a trajectory, :class:`train.hf_engine.HFBatchedServerManager`) or ``vllm``."""
     if backend == "hf":
-        from train.hf_rollout import HFServerManager
+        from train.hf_engine import HFBatchedServerManager
 
         load_tokenizer_and_check(model)
-        return HFServerManager.from_pretrained(os.path.expanduser(model), device=device, seed=seed)
+        return HFBatchedServerManager.from_pretrained(os.path.expanduser(model), device=device, seed=seed)
     if backend == "vllm":
-        return VLLMServerManager(model, seed=seed)
+        return VLLMServerManager(model, seed=seed, tensor_parallel_size=tensor_parallel_size)
     raise InferenceError(f"--backend must be hf or vllm, got {backend!r}")
 
 
@@ -121,18 +126,29 @@ class Result:
     response: str
     failed_searches: int = 0  # searches answered with the failure observation (retriever down or erroring)
     valid_searches: int = 0  # searches the retriever answered
+    generated_tokens: int = 0  # tokens the model generated (observations not counted)
 
     def to_dict(self) -> dict[str, Any]:
         return {"question": self.question, "answer": self.answer, "searches": self.searches,
-                "stop_reason": self.stop_reason, "failed_searches": self.failed_searches, "trajectory": self.response}
+                "stop_reason": self.stop_reason, "failed_searches": self.failed_searches,
+                "generated_tokens": self.generated_tokens, "trajectory": self.response}
 
 
 class Asker:
-    """Ask questions with one generator and one search client (async; many at once)."""
+    """Ask questions with one generator and one search client (async; many at once).
+
+    ``method``: ``search_r1`` runs the agent loop (search as often as the model asks, up to
+    ``max_turns``); ``direct``, ``cot`` and ``rag`` are the baselines of Search-R1's table, one
+    generation with their prompt (:mod:`train.protocol`), ``rag`` with the top-``topk`` passages for
+    the question in it."""
 
     def __init__(self, generator, tokenizer, search_client, *, max_turns: int = 4, topk: int = 3,
                  temperature: float = 0.0, max_new_tokens: int = 500, max_obs_tokens: int = 500,
-                 response_length: int = 8192, concurrency: int = 256, model_path: Optional[str] = None):
+                 response_length: int = 8192, concurrency: int = 256, model_path: Optional[str] = None,
+                 method: str = "search_r1"):
+        if method not in protocol.METHODS:
+            raise InferenceError(f"--method must be one of {', '.join(protocol.METHODS)}, got {method!r}")
+        self.method = method
         if max_turns < 0:
             raise InferenceError("--max-turns must be >= 0")
         if max_new_tokens < 1:
@@ -150,6 +166,8 @@ class Asker:
         self._sem = asyncio.Semaphore(concurrency)
 
     async def ask(self, question: str) -> Result:
+        if self.method != "search_r1":
+            return await self._ask_once(question)
         from train.agent_loop import segments, standalone_loop
 
         messages = protocol.make_messages(question)  # raises on an empty question
@@ -165,4 +183,44 @@ class Asker:
                       segments=segments(self.tokenizer, out), searches=out.extra_fields["num_searches"],
                       stop_reason=out.extra_fields["stop_reason"], response=response,
                       failed_searches=int(out.extra_fields.get("num_failed_searches", 0)),
-                      valid_searches=int(out.extra_fields.get("num_valid_searches", 0)))
+                      valid_searches=int(out.extra_fields.get("num_valid_searches", 0)),
+                      generated_tokens=int(sum(out.response_mask)))
+
+    async def _ask_once(self, question: str) -> Result:
+        """A baseline: one generation, stopped after ``</answer>``. ``rag`` retrieves first; a retrieval
+        that fails counts as a failed search (the evaluator keeps no such row)."""
+        from retrieval.client import contents_of
+        from train.agent_loop import cut_after_stop, end_of_turn_ids
+
+        protocol.normalize_question(question)  # raises on an empty question
+        contents, failed = None, 0
+        if self.method == "rag":
+            try:
+                contents = contents_of((await self.client.aretrieve([question], topk=self.search["topk"]))[0])
+            except Exception as e:  # noqa: BLE001  (counted and reported as a failed search)
+                import logging
+
+                logging.getLogger(__name__).warning("retrieval for %r failed: %s", question[:200], e)
+                failed = 1
+        if failed:
+            return Result(question=question, answer=None, segments=[], searches=0, stop_reason="search_failed",
+                          response=protocol.format_search_failure(), failed_searches=1)
+        messages = protocol.make_method_messages(self.method, question, contents)
+        if getattr(self.tokenizer, "chat_template", None):
+            prompt_ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(prompt_ids, dict) or hasattr(prompt_ids, "input_ids"):
+                prompt_ids = prompt_ids["input_ids"]
+        else:
+            prompt_ids = self.tokenizer.encode(messages[0]["content"], add_special_tokens=False)
+        params = {"temperature": self.temperature, "top_p": 1.0, "max_tokens": self.search["max_turn_tokens"],
+                  "stop": [protocol.ANSWER_CLOSE], "include_stop_str_in_output": True}
+        async with self._sem:
+            out = await self.generator.generate(request_id=None, prompt_ids=list(prompt_ids), sampling_params=params)
+        ids = cut_after_stop(self.tokenizer, list(out.token_ids), [protocol.ANSWER_CLOSE])
+        eos = end_of_turn_ids(self.tokenizer, self.model_path or "")
+        response = self.tokenizer.decode(ids)
+        answer = protocol.extract_answer(response)
+        stop = "answer" if answer is not None else ("eos" if ids and ids[-1] in eos else "length")
+        return Result(question=question, answer=answer, segments=[("model", response)], searches=0,
+                      stop_reason=stop, response=response, valid_searches=int(contents is not None),
+                      generated_tokens=len(ids))

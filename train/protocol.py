@@ -78,6 +78,67 @@ def render_prompt(tokenizer, question: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# Baseline prompts (the inference-only rows of Search-R1's table: no search during generation)
+# --------------------------------------------------------------------------------------------
+
+#: ``--method`` of the evaluator: the Search-R1 agent, or one of the three baselines.
+METHODS = ("search_r1", "direct", "cot", "rag")
+
+#: Direct answer. Search-R1's repository ships no direct-inference prompt; this is its CoT prompt
+#: (below) with the reasoning sentence replaced by "directly, without reasoning", so that the answer
+#: still comes inside the tags the reward reads.
+DIRECT_TEMPLATE = (
+    "Answer the given question. "
+    "Provide the final answer inside <answer> and </answer> directly, without reasoning or detailed "
+    "illustrations, for example <answer> Beijing </answer>. Question: {question}\n"
+)
+
+#: Chain of thought, then answer: Search-R1's ``scripts/data_process/nq.py`` (``make_prefix``,
+#: template ``base``), the prompt of its no-search rows.
+COT_TEMPLATE = (
+    "Answer the given question. "
+    "You should first have a reasoning process in mind and then provides the answer. "
+    "Show your reasoning in <think> </think> tags and return the final answer in <answer> </answer> tags, "
+    "for example <answer> Beijing </answer>. Question: {question}\n"
+)
+
+#: RAG: the top-k passages for the question in the prompt, then answer: Search-R1's
+#: ``scripts/data_process/nq_rag.py`` (``make_prefix``, template ``base``; the context is its
+#: ``format_reference``: one ``Doc i(Title: ...) text`` line per passage).
+RAG_TEMPLATE = (
+    "Answer the given question with some potentially useful context. "
+    "You should analyze the question carefully, evaluate the given context (which may or may not be useful), "
+    "and then generate an accurate and well-reasoned response. "
+    "You should first have a reasoning process in mind and then provides the answer. "
+    "Show your reasoning in <think> </think> tags and return the final answer in <answer> </answer> tags, "
+    "for example <answer> Beijing </answer>. Question: {question} Context: {context} \n"
+)
+
+
+def format_context(contents: Sequence[str]) -> str:
+    """The RAG prompt's context: ``Doc i(Title: ...) text`` and a newline per passage."""
+    return "".join(format_passage(i + 1, c) + "\n" for i, c in enumerate(contents))
+
+
+def make_method_messages(method: str, question: str, contents: Optional[Sequence[str]] = None) -> list[dict]:
+    """Chat messages for ``method`` (one of :data:`METHODS`); ``rag`` needs the retrieved ``contents``."""
+    q = normalize_question(question)
+    if method == "search_r1":
+        return make_messages(q)
+    if method == "direct":
+        text = DIRECT_TEMPLATE.format(question=q)
+    elif method == "cot":
+        text = COT_TEMPLATE.format(question=q)
+    elif method == "rag":
+        if contents is None:
+            raise ValueError("the rag prompt needs the retrieved passages")
+        text = RAG_TEMPLATE.format(question=q, context=format_context(contents))
+    else:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    return [{"role": "user", "content": text}]
+
+
+# --------------------------------------------------------------------------------------------
 # Turn parsing
 # --------------------------------------------------------------------------------------------
 
