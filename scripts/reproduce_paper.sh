@@ -27,6 +27,7 @@ elif [ -z "$USER_ROW" ]; then  # a model the table does not know: PAPER_ROW says
 fi
 rm -f /tmp/paper_runs.$$
 STEP=${STEP:-$PAPER_STEP}
+[ "$STEP" = best ] && STEP=  # STEP=best: the best checkpoint, also for a preset the paper evaluates at a fixed step
 LAMBDA=${LAMBDA:-$PAPER_LAMBDA}
 PAPER_ROW=${USER_ROW:-$PAPER_ROW}
 WIKI18=${WIKI18:-data/wiki18}

@@ -2,9 +2,9 @@
 CPU switch (``REHEARSAL=cpu``, configs/rehearsal/cpu.yaml) and nothing else changed but paths and ports:
 ``retrieval_launch.sh`` (BM25 and MiniLM), every ``scripts/train_*.sh`` launcher for a step (``train_ppo.sh``:
 tests/test_rehearsal_on_cpu.py), ``scripts/evaluate.sh``, ``infer.py --file`` and
-``scripts/reproduce_paper.sh`` end to end (a local model, so ``PAPER_ROW`` and ``STEP`` name the row).
-Not here yet: ``RETRIEVER=lucene`` (pyserini 1.6 needs a JDK 21 with jdk.incubator.vector) and
-``scripts/multinode.sh`` on two Ray nodes."""
+``scripts/reproduce_paper.sh`` end to end (a local model, so ``PAPER_ROW`` names the row; the best step
+chosen over the run's checkpoints, then that ``STEP`` again). ``scripts/multinode.sh`` on two Ray nodes:
+tests/test_multinode_on_cpu.py."""
 
 from __future__ import annotations
 
@@ -126,18 +126,26 @@ def test_evaluate_sh_and_infer_file(journey):
 
 
 def test_reproduce_paper_end_to_end(journey):
-    """Retriever already up (no wiki-18 download), data present, train to STEP with the preset,
-    merge, evaluate beside the named row; a second run skips what is done."""
+    """Retriever already up (no wiki-18 download), data present; without STEP (the baseline rows' way:
+    the best checkpoint before collapse) train with every checkpoint kept, evaluate each on the
+    validation sample, take the best, merge it, evaluate beside the named row; a second run with that
+    STEP skips what is done."""
     work = journey["work"]
-    env = {**journey["env"], "PRESET": "grpo_llds", "PAPER_ROW": "3B-Ins GRPO+LLDS", "STEP": "1",
-           "CKPT_DIR": str(work / "repro"), "EVAL_OUT": str(work / "repro_eval.jsonl"),
-           "EVAL_ARGS": "--limit 2 --max-new-tokens 8", "WIKI18": str(work / "no_wiki18")}
-    text = run(["bash", "scripts/reproduce_paper.sh", "trainer.total_training_steps=1"], env, work / "repro.log",
-               timeout=1200)
+    env = {**journey["env"], "PRESET": "grpo", "PAPER_ROW": "3B-Ins GRPO", "CKPT_DIR": str(work / "repro"),
+           "EVAL_OUT": str(work / "repro_eval.jsonl"), "EVAL_ARGS": "--limit 2 --max-new-tokens 8",
+           "STEPS_ARGS": "--limit 2 --max-new-tokens 8", "WIKI18": str(work / "no_wiki18")}
+    text = run(["bash", "scripts/reproduce_paper.sh", "trainer.total_training_steps=2", "trainer.save_freq=1"], env,
+               work / "repro.log", timeout=1500)
     assert f"using the retriever at {journey['url']}" in text and not (work / "no_wiki18").exists()
-    assert "reproducing '3B-Ins GRPO+LLDS'" in text and "rehearsal (cpu): grpo_llds" in text
-    assert (work / "repro" / "global_step_1" / "hf" / "config.json").is_file()
+    assert "reproducing '3B-Ins GRPO'" in text and "the best checkpoint before collapse" in text
+    assert "rehearsal (cpu): grpo" in text and "checkpoints.keep_last=0" not in text.split("rehearsal (cpu)")[0]
+    steps = [json.loads(line) for line in (work / "repro" / "eval_steps" / "steps.jsonl").read_text().splitlines()]
+    assert [d["step"] for d in steps] == [1, 2]
+    best = json.loads((work / "repro" / "eval_steps" / "best.json").read_text())["step"]
+    assert f"best step on the validation sample: {best}" in text
+    assert (work / "repro" / f"global_step_{best}" / "hf" / "config.json").is_file()
     assert "paper EM" in text and "over 2 of the paper's 7 sources" in text
     assert len((work / "repro_eval.jsonl").read_text().splitlines()) == 4
-    again = run(["bash", "scripts/reproduce_paper.sh", "trainer.total_training_steps=1"], env, work / "repro2.log")
+    again = run(["bash", "scripts/reproduce_paper.sh"], {**env, "STEP": str(best)}, work / "repro2.log")
+    assert f"evaluated at step {best}" in again
     assert "rehearsal (cpu)" not in again and "resuming: 4 of 4 rows" in again  # no training, no re-evaluation

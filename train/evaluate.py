@@ -28,6 +28,7 @@ from typing import Optional
 
 PAPER_RESULTS = Path(__file__).resolve().parent.parent / "data" / "paper_results.json"
 ORDER = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
+TEST_QUESTIONS = 51_713  # the 7 test sets of data/processed/test.parquet
 
 
 def load_rows(path: str, sources: Optional[list[str]], limit: Optional[int]) -> list[dict]:
@@ -315,7 +316,7 @@ def run_model(args, model: str, rows: list[dict], out: Path, generator=None) -> 
     from train.engines import EnginePool, plan, visible_gpus
 
     devices = [None] if generator is not None else plan(args.engines, args.tensor_parallel_size, visible_gpus())
-    stats: dict = {"engines": len(devices)}
+    stats: dict = {"engines": len(devices), "gpus": sum(len(d.split(",")) for d in devices if d)}
     if len(devices) == 1:
         asker = build_asker(argparse.Namespace(**{**vars(args), "model": model}), generator)
         return asyncio.run(evaluate(rows, asker, out, args.max_failure_rate, stats)), stats
@@ -340,6 +341,8 @@ def describe_speed(stats: dict) -> str:
             f"{n / wall:.2f} questions/s, {tok / wall:.1f} generated tokens/s")
     if stats.get("reasked"):
         text += f" ({stats['reasked']} asked again after their engine died)"
+    if stats.get("gpus"):  # the cost of the whole test set at this rate (an estimate: rates vary by source)
+        text += f"; at this rate the {TEST_QUESTIONS:,} test questions take {stats['gpus'] * wall / n * TEST_QUESTIONS / 3600:.2f} GPU-hours"
     return text
 
 
