@@ -73,7 +73,7 @@ def bench_hf_engine(model: Path, index: Path, questions: list[str], rounds: int)
     outputs = {}
     order = ["generate", "batched", "batched", "generate"] * ((rounds + 1) // 2)
     for name in order[: 2 * rounds]:
-        new._kept.clear()  # each round starts with no kept cache
+        new.clear_cache()  # each round starts with no kept cache
         dt, res = asyncio.run(one_round(old if name == "generate" else new))
         times[name].append(dt)
         outputs[name] = res

@@ -15,7 +15,8 @@ re-reads all of it each turn, one question at a time; here
 Greedy output equals ``model.generate``'s (tests/test_hf_engine_on_cpu.py); the speed-up is in
 bench/RESULTS.md (``python bench/bench_hf_engine.py``). Sampling (temperature, top_p), stop strings
 (checked on the decoded tail after every token, as :class:`train.hf_rollout.HFServerManager` does)
-and per-token log-probs are supported. CPU training keeps ``HFServerManager`` (one request at a time).
+and per-token log-probs are supported. The CPU training rollout (``rollout.name=hf``,
+train/cpu/rollout.py) uses it too, dropping the kept caches at every weight update.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class HFBatchedServerManager:
         self._cond = threading.Condition()
         self._incoming: deque[_Request] = deque()
         self._kept: "OrderedDict[str, tuple[list[int], KV]]" = OrderedDict()  # request_id -> (tokens, kv)
+        self._kept_lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self.calls = 0
@@ -200,7 +202,8 @@ class HFBatchedServerManager:
                    top_p=float(sp.get("top_p", 1.0) or 1.0), stops=list(sp.get("stop") or []),
                    want_logprobs=bool(sp.get("logprobs")))
         keep, kv = 0, []
-        kept = self._kept.pop(req.rid, None) if req.rid is not None else None
+        with self._kept_lock:
+            kept = self._kept.pop(req.rid, None) if req.rid is not None else None
         if kept is not None:
             tokens, kv_all = kept
             n = 0
@@ -239,10 +242,11 @@ class HFBatchedServerManager:
         from verl.workers.rollout.replica import TokenOutput
 
         if row.req.rid is not None:
-            self._kept[row.req.rid] = (row.tokens, kv)
-            self._kept.move_to_end(row.req.rid)
-            while len(self._kept) > self.max_cached:
-                self._kept.popitem(last=False)
+            with self._kept_lock:
+                self._kept[row.req.rid] = (row.tokens, kv)
+                self._kept.move_to_end(row.req.rid)
+                while len(self._kept) > self.max_cached:
+                    self._kept.popitem(last=False)
         self._resolve(row.req, TokenOutput(token_ids=list(row.generated),
                                            log_probs=list(row.logprobs) if row.want_logprobs else None,
                                            stop_reason="completed"))
@@ -292,8 +296,10 @@ class HFBatchedServerManager:
             mask = mask[:, lead:]
         return batch, kv, mask
 
-    def kept_requests(self) -> int:
-        return len(self._kept)
+    def clear_cache(self) -> None:
+        """Forget every kept KV cache (after a weight update they belong to the old weights)."""
+        with self._kept_lock:
+            self._kept.clear()
 
     def describe(self) -> dict[str, Any]:
         return dict(self.stats, kept=len(self._kept))

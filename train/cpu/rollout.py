@@ -1,7 +1,9 @@
-"""An ``hf`` rollout for verl: transformers ``generate`` behind verl's server-replica interface.
+"""An ``hf`` rollout for verl: transformers behind verl's server-replica interface.
 
-- :class:`HFServer`: a Ray actor holding a copy of the policy; ``generate`` is what verl's
-  ``LLMServerClient`` calls (token ids in, :class:`TokenOutput` out, stop strings honoured).
+- :class:`HFServer`: a Ray actor holding a copy of the policy in the batching engine
+  (train/hf_engine.py: concurrent trajectories decoded together, each one's KV cache kept across its
+  turns); ``generate`` is what verl's ``LLMServerClient`` calls (token ids in, :class:`TokenOutput`
+  out, stop strings honoured).
 - :class:`HFReplica`: the ``RolloutReplica`` that launches one server per replica.
 - :class:`HFRollout`: the ``BaseRollout`` inside the hybrid actor worker; ``update_weights``
   receives the trainer's full parameters after each step and loads them into the server.
@@ -32,10 +34,10 @@ def server_name(replica_rank: int) -> str:
 
 class HFServer:
     def __init__(self, model_path: str, max_model_len: Optional[int] = None, seed: int = 0):
-        from train.hf_rollout import HFServerManager
+        from train.hf_engine import HFBatchedServerManager
 
         torch.set_num_threads(max(1, torch.get_num_threads()))
-        self.manager = HFServerManager.from_pretrained(model_path, device="cpu", dtype="float32", seed=seed)
+        self.manager = HFBatchedServerManager.from_pretrained(model_path, device="cpu", dtype="float32", seed=seed)
         self.version = 0
 
     async def generate(self, request_id=None, *, prompt_ids, sampling_params, image_data=None, video_data=None,
@@ -57,6 +59,7 @@ class HFServer:
             for k, v in state.items():
                 if k in own:
                     own[k].copy_(v.to(own[k].dtype))
+        self.manager.clear_cache()  # kept KV caches belong to the old weights
         if global_steps is not None:
             self.version = global_steps
         return len(state)
