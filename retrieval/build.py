@@ -2,12 +2,15 @@
 
     python -m retrieval.build --corpus data/corpus.jsonl --out runs/index/minilm            # dense
     python -m retrieval.build --corpus data/corpus.jsonl --out runs/index/bm25 --kind bm25
+    python -m retrieval.build --corpus data/corpus.jsonl --out runs/index/lucene --kind lucene   # pyserini
     python -m retrieval.build --corpus wiki-18.jsonl --out idx/e5 --encoder intfloat/e5-base-v2 --factory HNSW64
 
 Dense builds stream the corpus in batches (progress bar) into an on-disk float32 memmap, so
 memory stays bounded; an interrupted build resumes from the last finished batch. The index
 directory gets ``manifest.json`` (kind, encoder spec, dim, count, corpus path, factory),
-``offsets.npy`` (corpus row offsets) and ``index.faiss`` or ``bm25/``.
+``offsets.npy`` (corpus row offsets) and ``index.faiss``, ``bm25/`` (bm25s) or ``lucene/`` (a Lucene
+index built by pyserini's indexer, Anserini's ``IndexCollection``, the way Search-R1's wiki-18 BM25
+index was made: docids are corpus row numbers).
 """
 
 from __future__ import annotations
@@ -152,12 +155,56 @@ def build_bm25(corpus: str, out: str, *, limit: int | None = None, progress: boo
     return out_dir
 
 
+#: Run in a child process: Anserini's indexer starts a JVM in the process that calls it.
+_LUCENE_INDEXER = """
+import sys
+from retrieval.index import java_for_pyserini
+java_for_pyserini()
+import pyserini.pyclass  # noqa: F401  (puts Anserini's jar on the JVM's classpath)
+from jnius import autoclass
+autoclass("io.anserini.index.IndexCollection").main(sys.argv[1:])
+"""
+
+
+def build_lucene(corpus: str, out: str, *, limit: int | None = None, progress: bool = True, strict: bool = False,
+                 threads: int = 1) -> Path:
+    """A Lucene BM25 index of ``corpus`` with pyserini's indexer (the ``lucene`` extra), served by
+    ``retrieval.server`` as ``kind=lucene``."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store, n = open_corpus(corpus, out_dir, limit, progress)
+    texts = scan(store, n, strict=strict, progress=progress, keep_contents=True)
+    lucene = out_dir / "lucene"
+    if lucene.exists():
+        shutil.rmtree(lucene)
+    with tempfile.TemporaryDirectory(prefix="lucene_docs_", dir=out_dir) as tmp:
+        with open(Path(tmp) / "docs.jsonl", "w", encoding="utf-8") as f:
+            for i, text in enumerate(texts):  # docid = corpus row: what LuceneIndex hands back
+                f.write(json.dumps({"id": str(i), "contents": text}, ensure_ascii=False) + "\n")
+        args = ["-collection", "JsonCollection", "-input", tmp, "-index", str(lucene),
+                "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(threads), "-storeRaw"]
+        env = {**os.environ, "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "dummy")}
+        root = Path(__file__).resolve().parent.parent
+        proc = subprocess.run([sys.executable, "-c", _LUCENE_INDEXER, *args], cwd=root, env=env,
+                              capture_output=True, text=True)
+    if proc.returncode != 0 or not any(lucene.glob("segments_*")):
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-12:])
+        raise BuildError(f"pyserini's Lucene indexer failed (rc {proc.returncode}):\n{tail}")
+    _write_json(out_dir / MANIFEST, {"kind": "lucene", "count": n, "corpus": str(Path(corpus).resolve()),
+                                     "fingerprint": fingerprint(corpus, len(store))})
+    return out_dir
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m retrieval.build", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", required=True, help="wiki-18-format jsonl")
     ap.add_argument("--out", required=True, help="index directory to write")
-    ap.add_argument("--kind", choices=["dense", "bm25"], default="dense")
+    ap.add_argument("--kind", choices=["dense", "bm25", "lucene"], default="dense")
     ap.add_argument("--encoder", default="minilm", help="minilm (offline default), e5, or any HF encoder path/id")
     ap.add_argument("--factory", default="Flat", help="FAISS factory string: Flat, HNSW64, IVF4096,PQ64 ...")
     ap.add_argument("--pooling", choices=["mean", "cls"], default=None)
@@ -174,6 +221,8 @@ def main(argv=None) -> None:
     try:
         if args.kind == "bm25":
             out = build_bm25(args.corpus, args.out, limit=args.limit, strict=args.strict)
+        elif args.kind == "lucene":
+            out = build_lucene(args.corpus, args.out, limit=args.limit, strict=args.strict)
         else:
             out = build_dense(args.corpus, args.out, encoder=args.encoder, factory=args.factory,
                               batch_size=args.batch_size, max_length=args.max_length, pooling=args.pooling,

