@@ -49,9 +49,10 @@ learn-compare: $(STAMP)
 check-gpu-install:
 	$(PYTHON) scripts/check_gpu_install.py
 
+# Every benchmark part in its own process (peak memory each), with a warning when other processes
+# keep the machine busy (bench/run.py).
 bench: $(STAMP)
-	$(PY) bench/bench_retrieval.py
-	$(PY) bench/bench_llds.py
+	$(PY) bench/run.py
 
 clean:
 	rm -rf $(VENV) $(VENV_VLLM) runs outputs .pytest_cache

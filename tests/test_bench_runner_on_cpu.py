@@ -1,0 +1,42 @@
+"""``make bench``'s runner: the busy-machine warning and the per-part peak memory (own process)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import run as bench_run  # noqa: E402
+
+
+def test_busy_cores_sees_another_process_spin():
+    quiet = bench_run.busy_cores(0.5)
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<3: pass"])
+    try:
+        busy = bench_run.busy_cores(1.0)
+    finally:
+        spin.wait()
+    assert busy >= 0.7 and busy > quiet, (quiet, busy)
+
+
+def test_each_part_in_its_own_process_with_its_peak_memory(monkeypatch, capsys):
+    big = "-c \"import numpy as np; a = np.ones(300 * 2**20 // 8); print(a.sum() > 0)\""
+    small = "-c \"print('small')\""
+    monkeypatch.setattr(bench_run, "PARTS", {"big": big, "small": small, "fails": "-c \"raise SystemExit(3)\""})
+    monkeypatch.setattr(bench_run, "busy_cores", lambda seconds=1.0: 0.0)
+    assert bench_run.main(["--parts", "big,small"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines() if line.startswith("| big")
+            or line.startswith("| small")}
+    assert float(rows["big"][4]) >= 300 and float(rows["small"][4]) < 150  # the small part is not charged the big one's
+    assert bench_run.main(["--parts", "fails"]) == 1
+    monkeypatch.setattr(bench_run, "busy_cores", lambda seconds=1.0: 1.5)
+    assert bench_run.main(["--parts", "small"]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: the machine is busy before small: 1.50 of" in err and "measured on a busy machine: small" in err
+
+
+def test_unknown_part_is_refused():
+    import pytest
+
+    with pytest.raises(SystemExit):
+        bench_run.main(["--parts", "nope"])
