@@ -23,7 +23,18 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+#: Modules that share the learnable task's session fixtures (a 4-minute build, a 2.5-minute run): under
+#: ``pytest -n 2 --dist loadgroup`` (make test) they go to one worker, so those fixtures are built once.
+LEARN_GROUP = {"test_learning_on_cpu", "test_fault_runs_on_cpu", "test_eval_engines_on_cpu"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    # Each module's tests stay on one xdist worker (module fixtures: a retriever, a trained run), the
+    # learnable task's users together.
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else "other"
+        item.add_marker(pytest.mark.xdist_group("learn" if module in LEARN_GROUP else module))
     try:
         import torch
 
@@ -92,6 +103,30 @@ def bm25_index_dir(tmp_path_factory, corpus_path) -> Path:
     from retrieval.build import build_bm25
 
     return build_bm25(str(corpus_path), str(tmp_path_factory.mktemp("bm25")), progress=False)
+
+
+def stop_ray_processes(match: str) -> int:
+    """SIGKILL the processes of one Ray cluster: those whose command line holds ``match`` (its GCS
+    address, e.g. ``127.0.0.1:PORT``). ``ray stop --force`` would kill every Ray process on the machine,
+    the clusters of tests running beside this one included (make test runs two workers)."""
+    import signal
+
+    killed = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if match in cmd and "pytest" not in cmd:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
 
 
 def free_port() -> int:

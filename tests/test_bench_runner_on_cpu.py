@@ -8,14 +8,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import run as bench_run  # noqa: E402
 
 
-def test_busy_cores_sees_another_process_spin():
-    quiet = bench_run.busy_cores(0.5)
-    spin = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<3: pass"])
-    try:
-        busy = bench_run.busy_cores(1.0)
-    finally:
-        spin.wait()
-    assert busy >= 0.7 and busy > quiet, (quiet, busy)
+def test_busy_cores_from_proc_stat(monkeypatch):
+    """Busy cores = (1 - idle share of the jiffies that passed) x cores; iowait counts as idle."""
+    readings = iter([(1000.0, 600.0), (1400.0, 700.0)])  # 400 jiffies passed, 100 of them idle
+    monkeypatch.setattr(bench_run, "cpu_times", lambda: next(readings))
+    monkeypatch.setattr(bench_run.time, "sleep", lambda s: None)
+    monkeypatch.setattr(bench_run.os, "cpu_count", lambda: 2)
+    assert bench_run.busy_cores(1.0) == 1.5
+
+
+def test_cpu_times_reads_the_machine():
+    total0, idle0 = bench_run.cpu_times()
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<1: pass"])
+    spin.wait()
+    total1, idle1 = bench_run.cpu_times()
+    assert total1 > total0 and idle1 >= idle0 and (total1 - total0) - (idle1 - idle0) > 0  # the spin was busy time
 
 
 def test_each_part_in_its_own_process_with_its_peak_memory(monkeypatch, capsys):

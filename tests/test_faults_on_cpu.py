@@ -428,7 +428,9 @@ def test_a_run_starts_its_own_ray_unless_told_to_join(tmp_path):
         assert f"ray: joining the Ray cluster at 127.0.0.1:{port} (RAY_ADDRESS)" in joined.stdout
         assert "num_cpus" in joined.stdout and f":{port}" in joined.stdout.split("GCS", 1)[1]
     finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        from tests.conftest import stop_ray_processes
+
+        stop_ray_processes(f":{port}")  # this cluster only (not `ray stop`: other tests' clusters run beside)
 
 
 # -- the outage rule of the agent loop manager (the whole run: tests/test_fault_runs_on_cpu.py) ---------

@@ -48,9 +48,11 @@ def nodes():
             sh("ip", "netns", "exec", names[1], "ping", "-c", "1", "-W", "5", HEAD_IP)
         yield names
     finally:
-        for ns in names:
-            sh("ip", "netns", "exec", ns, Path(sys.executable).parent / "ray", "stop", "--force", check=False,
-               timeout=120)
+        from tests.conftest import stop_ray_processes
+
+        # this cluster's processes only (every one names the head's address); `ray stop --force` would
+        # kill every Ray process of the machine, the clusters of tests running beside this one included
+        stop_ray_processes(HEAD_IP)
         for ns in names:
             sh("ip", "netns", "del", ns, check=False)
 

@@ -102,7 +102,7 @@ def test_vllm_rollout_trains_syncs_weights_and_resumes(vllm_trained):
 
 
 def test_infer_and_evaluate_with_the_vllm_backend(tmp_path, sharp_model, bm25_server, qa_path):
-    """infer.py --backend vllm and train.evaluate --backend vllm on vLLM's CPU build."""
+    """infer.py --backend vllm and train.evaluate --backend vllm --engines 2 on vLLM's CPU build."""
     from train.data_prep import main as prep
 
     prep(["--out", str(tmp_path / "data"), "--local", str(qa_path), "--holdout", "3"])
@@ -113,9 +113,12 @@ def test_infer_and_evaluate_with_the_vllm_backend(tmp_path, sharp_model, bm25_se
     assert r.returncode == 0, r.stderr[-4000:]
     assert "Answer:" in r.stdout
     out = tmp_path / "eval.jsonl"
+    # two vLLM engines, each in its own process (train/engines.py), one results file
     r = subprocess.run([sys.executable, "-m", "train.evaluate", "--model", str(sharp_model), "--backend", "vllm",
                         "--data", str(tmp_path / "data" / "test.parquet"), "--retriever-url", bm25_server.url,
-                        "--max-new-tokens", "16", "--max-turns", "1", "--out", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                        "--max-new-tokens", "16", "--max-turns", "1", "--out", str(out), "--engines", "2"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-4000:]
-    assert len(out.read_text().splitlines()) == 6 and "average (macro)" in r.stdout
+    assert "2 engines ready" in r.stderr and "on 2 engines:" in r.stdout
+    uids = [line.split('"uid": ')[1].split(",")[0] for line in out.read_text().splitlines()]
+    assert len(uids) == 6 == len(set(uids)) and "average (macro)" in r.stdout
