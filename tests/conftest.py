@@ -23,18 +23,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-#: Modules that share the learnable task's session fixtures (a 4-minute build, a 2.5-minute run): under
-#: ``pytest -n 2 --dist loadgroup`` (make test) they go to one worker, so those fixtures are built once.
-LEARN_GROUP = {"test_learning_on_cpu", "test_fault_runs_on_cpu", "test_eval_engines_on_cpu"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    # Each module's tests stay on one xdist worker (module fixtures: a retriever, a trained run), the
-    # learnable task's users together.
-    for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else "other"
-        item.add_marker(pytest.mark.xdist_group("learn" if module in LEARN_GROUP else module))
     try:
         import torch
 
@@ -105,10 +94,26 @@ def bm25_index_dir(tmp_path_factory, corpus_path) -> Path:
     return build_bm25(str(corpus_path), str(tmp_path_factory.mktemp("bm25")), progress=False)
 
 
+def record_journey(cmd, env: dict | None, rc: int, seconds: float, output: str, tail: int = 25) -> None:
+    """Append a user journey (a README command run by its script) to ``$JOURNEY_LOG`` when set: the
+    command line, the variables it was given, its exit status, its time and the end of its output.
+    .ci/run sets it and prints the file, so CI's log shows each journey with its own output."""
+    path = os.environ.get("JOURNEY_LOG")
+    if not path:
+        return
+    shown = {k: v for k, v in (env or {}).items() if k.isupper() and os.environ.get(k) != v
+             and not k.startswith(("HF_", "TRANSFORMERS_", "WANDB_", "RAY_DEDUP", "PYTHON"))}
+    lines = output.rstrip().splitlines()
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"\n==== {' '.join(f'{k}={v}' for k, v in shown.items())} {' '.join(map(str, cmd))}\n"
+                f"     -> exit {rc} after {seconds:.0f} s; its last {min(tail, len(lines))} of {len(lines)} lines:\n")
+        f.write("\n".join("   | " + line[:300] for line in lines[-tail:]) + "\n")
+
+
 def stop_ray_processes(match: str) -> int:
     """SIGKILL the processes of one Ray cluster: those whose command line holds ``match`` (its GCS
     address, e.g. ``127.0.0.1:PORT``). ``ray stop --force`` would kill every Ray process on the machine,
-    the clusters of tests running beside this one included (make test runs two workers)."""
+    a cluster the user or another test runs beside this one included."""
     import signal
 
     killed = 0

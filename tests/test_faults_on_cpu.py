@@ -430,7 +430,7 @@ def test_a_run_starts_its_own_ray_unless_told_to_join(tmp_path):
     finally:
         from tests.conftest import stop_ray_processes
 
-        stop_ray_processes(f":{port}")  # this cluster only (not `ray stop`: other tests' clusters run beside)
+        stop_ray_processes(f":{port}")  # this cluster only (`ray stop` would kill every cluster of the machine)
 
 
 # -- the outage rule of the agent loop manager (the whole run: tests/test_fault_runs_on_cpu.py) ---------

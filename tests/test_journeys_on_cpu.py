@@ -32,9 +32,17 @@ def launch_retriever(kind: str, work: Path, port: int, corpus: Path, log: Path) 
            "CORPUS": str(corpus)}
     out = open(log, "w")
     proc = subprocess.Popen(["bash", "retrieval_launch.sh"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    import time
+
+    from tests.conftest import record_journey
+
+    t0 = time.time()
     if not wait_healthy(f"http://127.0.0.1:{port}", 600, interval=0.5, pid=proc.pid):
         proc.kill()
         raise AssertionError(f"retrieval_launch.sh ({kind}) did not come up:\n" + log.read_text()[-3000:])
+    health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).text
+    record_journey(["bash", "retrieval_launch.sh"], {"RETRIEVER": kind, "PORT": str(port), "CORPUS": str(corpus)}, 0,
+                   time.time() - t0, log.read_text(errors="replace") + f"\n(serving; GET /health: {health})")
     return proc
 
 
@@ -58,9 +66,15 @@ def journey(tmp_path_factory, tiny_model_dir, qa_path, corpus_path):
 
 
 def run(cmd, env, log: Path, timeout=900) -> str:
+    import time
+
+    from tests.conftest import record_journey
+
+    t0 = time.time()
     with open(log, "w") as f:
         r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
     text = log.read_text(errors="replace")
+    record_journey(cmd, env, r.returncode, time.time() - t0, text)
     assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{text[-6000:]}"
     return text
 

@@ -51,17 +51,23 @@ def nodes():
         from tests.conftest import stop_ray_processes
 
         # this cluster's processes only (every one names the head's address); `ray stop --force` would
-        # kill every Ray process of the machine, the clusters of tests running beside this one included
+        # kill every Ray process of the machine, a cluster the user runs beside this test included
         stop_ray_processes(HEAD_IP)
         for ns in names:
             sh("ip", "netns", "del", ns, check=False)
 
 
 def in_ns(ns, env, *cmd, log: Path, timeout=1200, check=True):
+    import time
+
+    from tests.conftest import record_journey
+
+    t0 = time.time()
     with open(log, "w") as f:
         r = subprocess.run(["ip", "netns", "exec", ns, "env", *[f"{k}={v}" for k, v in env.items()], *map(str, cmd)],
                            cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
     text = log.read_text(errors="replace")
+    record_journey(["(node", ns + ")", *cmd], env, r.returncode, time.time() - t0, text)
     if check:
         assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode} in {ns}:\n{text[-6000:]}"
     return r.returncode, text

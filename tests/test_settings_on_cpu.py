@@ -140,10 +140,17 @@ def test_paper_runs_table():
 
 
 def test_reproduce_script_takes_step_and_lambda_from_the_table():
-    env = {**os.environ, "PYTHON": sys.executable, "MODEL": "Qwen/Qwen2.5-3B", "PRESET": "grpo"}
+    # a baseline row has no fixed step: the run goes for the best checkpoint (here it stops at the data
+    # download, offline, after saying so)
+    env = {**os.environ, "PYTHON": sys.executable, "MODEL": "Qwen/Qwen2.5-3B", "PRESET": "grpo",
+           "HF_HUB_OFFLINE": "1", "DATA_DIR": "/nonexistent/data"}
     r = subprocess.run(["bash", "scripts/reproduce_paper.sh"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60, env=env)
-    assert r.returncode == 2 and "3B-Base GRPO row is the best checkpoint before collapse" in r.stderr
+                       timeout=120, env=env)
+    assert "reproducing '3B-Base GRPO': Qwen/Qwen2.5-3B, preset grpo, the best checkpoint before collapse" in r.stdout
+    r = subprocess.run(["bash", "scripts/reproduce_paper.sh"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={**env, "PRESET": "grpo_llds"})
+    assert "reproducing '3B-Base GRPO+LLDS': Qwen/Qwen2.5-3B, preset grpo_llds, evaluated at step 600, lambda 0.2" \
+        in r.stdout
     text = (ROOT / "scripts/reproduce_paper.sh").read_text()
     assert 'EXTRA+=("llds.lambda=$LAMBDA")' in text and '--paper-row "$PAPER_ROW"' in text
 
