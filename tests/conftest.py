@@ -102,7 +102,7 @@ def record_journey(cmd, env: dict | None, rc: int, seconds: float, output: str, 
     if not path:
         return
     shown = {k: v for k, v in (env or {}).items() if k.isupper() and os.environ.get(k) != v
-             and not k.startswith(("HF_", "TRANSFORMERS_", "WANDB_", "RAY_DEDUP", "PYTHON"))}
+             and not k.startswith(("HF_", "TRANSFORMERS_", "WANDB_", "RAY_DEDUP", "PYTHON", "PYTEST_"))}
     lines = output.rstrip().splitlines()
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"\n==== {' '.join(f'{k}={v}' for k, v in shown.items())} {' '.join(map(str, cmd))}\n"
