@@ -91,8 +91,6 @@ def bench_hf_engine(model: Path, index: Path, questions: list[str], rounds: int)
 
 
 def bench_engines(model: Path, index: Path, task: Path, n: int) -> None:
-    import argparse as ap
-
     from train.evaluate import build_parser, load_rows, macro_em, run_model
 
     rows = load_rows(str(task / "data" / "train.parquet"), None, None)[:n]

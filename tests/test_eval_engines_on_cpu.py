@@ -125,6 +125,15 @@ def test_engine_plan_and_flags():
         evaluate.main(["--data", "x"])  # neither --model nor --checkpoints
 
 
+def test_checkpoints_flag_bad_folders(learn_task, tmp_path, capsys):
+    data = str(learn_task / "data" / "test.parquet")
+    assert evaluate.main(["--checkpoints", str(tmp_path / "none"), "--data", data]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert evaluate.main(["--checkpoints", str(tmp_path / "empty"), "--data", data]) == 2
+    assert "no global_step_N folder in it" in capsys.readouterr().err
+
+
 def test_baseline_prompts_are_search_r1s():
     rag = protocol.make_method_messages("rag", "who wrote hamlet", ['"Hamlet"\nA play by Shakespeare.', '"X"\nY'])
     text = rag[0]["content"]

@@ -114,7 +114,10 @@ def evaluate_checkpoints(args, rows: list[dict], paper: Optional[dict], generato
     out = Path(args.out) if args.out else root / "eval"
     out.mkdir(parents=True, exist_ok=True)
     summary = out / "steps.jsonl"
-    done = read_steps(summary)
+    data = str(Path(args.data).resolve())
+    # a step counts as done only for the same data and questions (another --data, --limit or --sources
+    # evaluates it again; its per-question jsonl then refuses rows for other questions)
+    done = {s: d for s, d in read_steps(summary).items() if d.get("data") == data and d.get("asked") == len(rows)}
     print(f"{len(steps)} checkpoints in {root}: steps {', '.join(map(str, steps))}; "
           f"{sum(s in done for s in steps)} already evaluated ({summary})")
     for step in steps:
@@ -137,7 +140,7 @@ def evaluate_checkpoints(args, rows: list[dict], paper: Optional[dict], generato
                 print(f"error: step {step}: {message}", file=sys.stderr)
                 return 3
         per, em = macro_em(results)
-        row = {"step": step, "n": len(results), "em": em, "sources": per}
+        row = {"step": step, "n": len(results), "em": em, "sources": per, "data": data, "asked": len(rows)}
         with open(summary, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         done[step] = row
