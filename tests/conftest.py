@@ -6,8 +6,10 @@ import os
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 # Offline everywhere, before anything imports transformers / wandb.
@@ -112,22 +114,30 @@ def record_journey(cmd, env: dict | None, rc: int, seconds: float, output: str, 
 
 def stop_ray_processes(match: str) -> int:
     """SIGKILL the processes of one Ray cluster: those whose command line holds ``match`` (its GCS
-    address, e.g. ``127.0.0.1:PORT``). ``ray stop --force`` would kill every Ray process on the machine,
-    a cluster the user or another test runs beside this one included."""
+    address, e.g. ``127.0.0.1:PORT``) and every process of the same Ray session (the GCS server itself
+    names its port only as ``--gcs_server_port=PORT``, and was left running when matched by address).
+    ``ray stop --force`` would kill every Ray process on the machine, a cluster the user or another
+    test runs beside this one included."""
+    import re
     import signal
 
-    killed = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if match in cmd and "pytest" not in cmd:
+    def cmdlines():
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
             try:
-                os.kill(int(pid), signal.SIGKILL)
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    yield int(pid), f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+
+    procs = [(pid, cmd) for pid, cmd in cmdlines() if "pytest" not in cmd]
+    sessions = {m for _, cmd in procs if match in cmd for m in re.findall(r"session_\d{4}-\d\d-\d\d_[\d_-]+\d", cmd)}
+    killed = 0
+    for pid, cmd in procs:
+        if match in cmd or any(session in cmd for session in sessions):
+            try:
+                os.kill(pid, signal.SIGKILL)
                 killed += 1
             except ProcessLookupError:
                 pass
@@ -186,16 +196,32 @@ LEARN_STEPS, LEARN_SEED, LEARN_SAVE_EVERY = 10, 0, 5
 
 
 @pytest.fixture(scope="session")
-def learn_run(learn_task, learn_server, tmp_path_factory):
+def learn_run(learn_task, learn_bm25_index, tmp_path_factory):
     """``(run_dir, {step: metrics})`` of one GRPO + LLDS run on the learnable task (configs/cpu_learn.yaml
-    from the warm start, 2 ranks; about 2.5 min): the learning test reads its curve, the per-checkpoint
-    evaluation its checkpoints (``run_dir/checkpoints/global_step_{5,10}``)."""
+    from the warm start, 2 ranks; about 3 min): the learning test reads its curve, the per-checkpoint
+    evaluation its checkpoints (``run_dir/checkpoints/global_step_{5,10}``), the outage test
+    (tests/test_fault_runs_on_cpu.py) ``run_dir/outage.json`` and its log. Its retriever is a real
+    process behind :class:`KillingFront`, which SIGKILLs it at search 20 of the last step and starts it
+    again 20 s later: the step is redone once the retriever answers (the same policy, resampled), so
+    the curve is a healthy run's, and the run pays for the outage test without a training start-up
+    of its own."""
+    import json
+
     from train import learnable
+    from train.plot import read_metrics
 
     run = tmp_path_factory.mktemp("learn_run") / "run"
-    steps = learnable.run_rl(learn_task, run, learn_server.url, steps=LEARN_STEPS, seed=LEARN_SEED,
-                             overrides=["trainer.val_before_train=false", "trainer.test_freq=-1",
-                                        f"trainer.save_freq={LEARN_SAVE_EVERY}"])
+    run.mkdir(parents=True)
+    last_logged = lambda: LEARN_STEPS - 1 in read_metrics(run / "metrics.jsonl")  # noqa: E731
+    front = KillingFront(ServerProcess(learn_bm25_index, log=run / "retriever.log"), kill_at=20, down_s=20,
+                         armed=last_logged)
+    try:
+        steps = learnable.run_rl(learn_task, run, front.url, steps=LEARN_STEPS, seed=LEARN_SEED,
+                                 overrides=["trainer.val_before_train=false", "trainer.test_freq=-1",
+                                            f"trainer.save_freq={LEARN_SAVE_EVERY}"])
+    finally:
+        front.close()
+        (run / "outage.json").write_text(json.dumps({"events": front.events, "requests": front.requests}))
     return run, steps
 
 
@@ -245,3 +271,84 @@ class ServerProcess:
             self.proc.wait(timeout=30)
 
     close = kill
+
+
+class KillingFront:
+    """An HTTP front between the trainer and a real retriever process that SIGKILLs that process when
+    the ``kill_at``-th ``/retrieve`` request arrives, mid-rollout, and starts it again ``down_s`` later.
+    While the process is down, every request through the front has its connection dropped (what a
+    client sees of a dead server). Counting requests at the front makes the moment exact: watching
+    ``/health`` from outside raced the rollout's burst of searches (all of a step's searches can land
+    between two polls, and the kill then missed the step)."""
+
+    def __init__(self, server, kill_at: int, down_s: float, armed=None):
+        """``armed``: a callable; requests are counted toward ``kill_at`` only once it has returned
+        True (checked every 0.2 s), e.g. once a given training step is in the metrics file."""
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.server, self.kill_at, self.down_s = server, kill_at, down_s
+        self.events, self.requests, self.counted, self.lock = [], 0, 0, threading.Lock()
+        self.armed = armed is None
+        self._closed = threading.Event()
+        if armed is not None:
+            def arm():
+                while not self._closed.is_set() and not self.armed:
+                    try:
+                        self.armed = bool(armed())
+                    except Exception:  # noqa: BLE001  (a file half written: look again)
+                        pass
+                    self._closed.wait(0.2)
+
+            threading.Thread(target=arm, daemon=True).start()
+        self.upstream = httpx.Client(timeout=60)
+        front = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _forward(self, method: str) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else None
+                if self.path.startswith("/retrieve"):
+                    with front.lock:
+                        front.requests += 1
+                        front.counted += int(front.armed)
+                        if front.armed and front.counted == front.kill_at:
+                            front.server.kill()
+                            front.events.append(("killed", front.requests, time.monotonic()))
+                            threading.Thread(target=front._restart, daemon=True).start()
+                try:
+                    resp = front.upstream.request(method, front.server.url + self.path, content=body,
+                                                  headers={"Content-Type": "application/json"})
+                except httpx.TransportError:
+                    self.close_connection = True  # no answer: the client sees the server disconnect
+                    return
+                self.send_response(resp.status_code)
+                self.send_header("Content-Type", resp.headers.get("content-type", "application/json"))
+                self.send_header("Content-Length", str(len(resp.content)))
+                self.end_headers()
+                self.wfile.write(resp.content)
+
+            def do_GET(self):
+                self._forward("GET")
+
+            def do_POST(self):
+                self._forward("POST")
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def _restart(self) -> None:
+        time.sleep(self.down_s)
+        self.server.start()
+        self.events.append(("restarted", self.requests, time.monotonic()))
+
+    def close(self) -> None:
+        self._closed.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.upstream.close()
+        self.server.kill()

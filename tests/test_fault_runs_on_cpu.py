@@ -1,16 +1,14 @@
 """Faults during real training runs (verl's trainer on CPU, 2 ranks, reference model + KL, the
 search_r1 agent loop against a retriever process): the retriever killed mid-step and restarted 20 s
-later, and SIGTERM (as Slurm or Kubernetes send it), with and without a checkpoint on the way out."""
+later (in the learning run, tests/conftest.py ``learn_run``: one training start-up less), and SIGTERM
+(as Slurm or Kubernetes send it), with and without a checkpoint on the way out."""
 
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-
-import httpx
 
 from train import checkpoints
 
@@ -19,105 +17,26 @@ ENV = {"VERL_PLATFORM": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1
        "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
 
 
-class KillingFront:
-    """An HTTP front between the trainer and a real retriever process that SIGKILLs that process when
-    the ``kill_at``-th ``/retrieve`` request arrives, mid-rollout, and starts it again ``down_s`` later.
-    While the process is down, every request through the front has its connection dropped (what a
-    client sees of a dead server). Counting requests at the front makes the moment exact: watching
-    ``/health`` from outside raced the rollout's burst of searches (all of a step's searches can land
-    between two polls, and the kill then missed the step)."""
+def test_retriever_outage_mid_step_is_waited_out_and_never_trained_on(learn_run):
+    """The learning run's retriever process is SIGKILLed when search 20 of its last step (of about 64)
+    arrives and started again 20 s later (longer than the client's retries, ~15 s; tests/conftest.py,
+    ``learn_run``): the manager waits for /health, redoes the rollout, the step trains on no failed
+    search and the run ends rc 0 (before the outage rule the step failed: more than half of its
+    searches failed, or, under the threshold, they were trained on). The same run must still learn
+    (tests/test_learning_on_cpu.py)."""
+    import json
 
-    def __init__(self, server, kill_at: int, down_s: float):
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from tests.conftest import LEARN_STEPS
 
-        from tests.conftest import free_port
-
-        self.server, self.kill_at, self.down_s = server, kill_at, down_s
-        self.events, self.requests, self.lock = [], 0, threading.Lock()
-        self.upstream = httpx.Client(timeout=60)
-        front = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def _forward(self, method: str) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else None
-                if self.path.startswith("/retrieve"):
-                    with front.lock:
-                        front.requests += 1
-                        if front.requests == front.kill_at:
-                            front.server.kill()
-                            front.events.append(("killed", front.requests, time.monotonic()))
-                            threading.Thread(target=front._restart, daemon=True).start()
-                try:
-                    resp = front.upstream.request(method, front.server.url + self.path, content=body,
-                                                  headers={"Content-Type": "application/json"})
-                except httpx.TransportError:
-                    self.close_connection = True  # no answer: the client sees the server disconnect
-                    return
-                self.send_response(resp.status_code)
-                self.send_header("Content-Type", resp.headers.get("content-type", "application/json"))
-                self.send_header("Content-Length", str(len(resp.content)))
-                self.end_headers()
-                self.wfile.write(resp.content)
-
-            def do_GET(self):
-                self._forward("GET")
-
-            def do_POST(self):
-                self._forward("POST")
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def _restart(self) -> None:
-        time.sleep(self.down_s)
-        self.server.start()
-        self.events.append(("restarted", self.requests, time.monotonic()))
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.upstream.close()
-        self.server.kill()
-
-
-def test_retriever_outage_mid_step_is_waited_out_and_never_trained_on(learn_task, learn_bm25_index, tmp_path):
-    """The retriever process SIGKILLed when search 20 of step 1 (of about 64) arrives, started again
-    20 s later (longer than the client's retries, ~15 s): the manager waits for /health, redoes the
-    rollout, and the step trains on no failed search (before the outage rule the step failed: more
-    than half of its searches failed, or, under the threshold, they were trained on)."""
-    from tests.conftest import ServerProcess
-    from train.plot import read_metrics
-
-    front = KillingFront(ServerProcess(learn_bm25_index, log=tmp_path / "retriever.log"), kill_at=20, down_s=20)
-    run = tmp_path / "run"
-    run.mkdir()
-    args = [sys.executable, "-m", "train.main", "--config-name", "cpu_learn",
-            f"actor_rollout_ref.model.path={learn_task / 'model'}",
-            f"data.train_files={learn_task / 'data' / 'train.parquet'}",
-            f"data.val_files={learn_task / 'data' / 'test.parquet'}", f"trainer.default_local_dir={run / 'ckpt'}",
-            f"search_r1.retriever_url={front.url}/retrieve", "trainer.total_training_steps=1",
-            "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1"]
-    try:
-        with open(run / "train.log", "w") as log:
-            r = subprocess.run(args, cwd=ROOT, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT,
-                               timeout=1500)
-    finally:
-        front.close()
+    run, steps = learn_run
+    outage = json.loads((run / "outage.json").read_text())
     text = (run / "train.log").read_text(errors="replace")
-    assert r.returncode == 0, text[-5000:]
-    assert [e[0] for e in front.events] == ["killed", "restarted"], front.events
-    assert front.requests > front.events[1][1], front.events  # searches after the restart: the redone rollout
+    assert [e[0] for e in outage["events"]] == ["killed", "restarted"], outage
+    assert outage["requests"] > outage["events"][1][1], outage  # searches after the restart: the redone rollout
     assert "unreachable or erroring; waiting for it" in text and "the retriever answers again; redoing" in text, \
         text[-5000:]
-    steps = read_metrics(run / "ckpt" / "metrics.jsonl")  # the preset's file logger, beside the checkpoints
-    m = steps[1]
-    assert m["search_r1/searches"] > 0.5  # the warm start searches
+    m = steps[LEARN_STEPS]
+    assert m["search_r1/searches"] > 0.5  # the policy searches
     assert m["search_r1/failed_searches"] == 0 and m["search_r1/outage_searches"] == 0, m
 
 

@@ -431,6 +431,9 @@ def test_a_run_starts_its_own_ray_unless_told_to_join(tmp_path):
         from tests.conftest import stop_ray_processes
 
         stop_ray_processes(f":{port}")  # this cluster only (`ray stop` would kill every cluster of the machine)
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-af", f"gcs_server_port={port}"], capture_output=True, text=True).stdout
+    assert not [line for line in left.splitlines() if "pgrep" not in line], left  # its GCS server included
 
 
 # -- the outage rule of the agent loop manager (the whole run: tests/test_fault_runs_on_cpu.py) ---------

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+from train import CONFIG_DIR  # re-exported: tests and tools import it from here
 
 
 def check_config(config: DictConfig) -> None:

@@ -22,11 +22,17 @@ CHANGES = {
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32 weights",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.": "fp32 compute: the hf rollout samples in fp32",
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile": "no torch.compile (Triton) on CPU",
-    "actor_rollout_ref.ref.": "the reference model follows the actor (strategy, dtype, no compile)",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "2,048-token packed micro-batches: SDPA's masked math "
+                                                          "kernel on CPU costs the square of a micro-batch's tokens",
+    "actor_rollout_ref.ref.": "the reference model follows the actor (strategy, dtype, no compile, token cap)",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "follows the actor's token cap",
     "actor_rollout_ref.rollout.name": "hf: transformers generate (no vLLM in the CPU environment)",
     "actor_rollout_ref.rollout.agent.num_workers": "1 agent-loop worker (2 cores)",
     "critic.strategy": "FSDP2, as the actor",
     "critic.fsdp.": "FSDP2, fp32, no compile, as the actor",
+    "critic.ppo_max_token_len_per_gpu": "2,048-token packed micro-batches, as the actor",
+    "critic.ppo_infer_max_token_len_per_gpu": "2,048-token packed micro-batches, as the actor",
+    "critic.forward_max_token_len_per_gpu": "follows critic.ppo_max_token_len_per_gpu",
     "data.dataloader_num_workers": "0 (2 cores)",
     "data.max_prompt_length": "512 tokens: a tiny model",
     "data.max_response_length": "512 tokens: a tiny model",
@@ -66,12 +72,19 @@ def batch_sizes(train_batch: int, mini_batch: int, n: int, ranks: int = 2) -> tu
 
 
 def overrides(preset: str, ranks: int = 2) -> list[str]:
+    import importlib.util
+    import os
+
     from hydra import compose, initialize_config_dir
 
-    from train.main import CONFIG_DIR
+    from train import CONFIG_DIR
 
+    # The presets find verl's config dir as pkg://verl.trainer.config, which imports verl (~8 s of a
+    # launcher's start-up); the same folder named by path reads the same files without the import.
+    verl_dir = list(importlib.util.find_spec("verl").submodule_search_locations)[0]
+    search = f"hydra.searchpath=[file://{os.path.join(verl_dir, 'trainer', 'config')}]"
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose(config_name=preset)
+        cfg = compose(config_name=preset, overrides=[search])
     actor = cfg.actor_rollout_ref.actor
     train, mini = batch_sizes(cfg.data.train_batch_size, actor.ppo_mini_batch_size, cfg.actor_rollout_ref.rollout.n,
                               ranks)
