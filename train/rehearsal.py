@@ -81,7 +81,10 @@ def overrides(preset: str, ranks: int = 2) -> list[str]:
 
     # The presets find verl's config dir as pkg://verl.trainer.config, which imports verl (~8 s of a
     # launcher's start-up); the same folder named by path reads the same files without the import.
-    verl_dir = list(importlib.util.find_spec("verl").submodule_search_locations)[0]
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"verl is not installed in {sys.executable} (pip install -e '.[dev]' or '.[gpu]')")
+    verl_dir = list(spec.submodule_search_locations)[0]
     search = f"hydra.searchpath=[file://{os.path.join(verl_dir, 'trainer', 'config')}]"
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name=preset, overrides=[search])
