@@ -1,7 +1,8 @@
 """Where a CPU rehearsal of a training launcher spends its time, and whether running two at once helps.
 
-    python bench/bench_rehearsal.py                      # both parts
+    python bench/bench_rehearsal.py                      # imports and concurrency
     python bench/bench_rehearsal.py --parts imports      # one part
+    python bench/bench_rehearsal.py --parts busy --command "make test-vllm"   # busy cores of any command
 
 The CI suite runs 14 training start-ups on 2 cores (the README's launchers, reproduce_paper.sh,
 multinode.sh, the fault and resume runs), and ``make test-vllm`` 2 more. This benchmark measures the
@@ -17,6 +18,8 @@ two facts that bound its time:
   both): wall time, the machine's busy cores over each (/proc/stat), the time to verl's first
   "Training Progress" line (the start-up), and the ratio of two-at-once to twice alone. A ratio near
   1.0 means the runs are CPU-bound and a parallel test runner cannot shorten the suite.
+* ``busy``: the wall time of ``--command`` (run with bash in the repository root) and the machine's
+  busy cores over it, e.g. ``make test`` or ``make test-vllm``: how much of the 2 cores a suite leaves idle.
 
 Everything is built in a temporary folder: a tiny model (train/tiny.py), the bundled QA as parquet,
 a BM25 index of the bundled corpus. Run it on an otherwise idle machine (``make bench`` warns when
@@ -29,6 +32,7 @@ import argparse
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import cpu_times  # noqa: E402
+from bench.run import busy_since, cpu_times  # noqa: E402
 
 IMPORTS = "import verl.workers.engine_workers, train.agent_loop"
 
@@ -99,14 +103,18 @@ class Run:
 
 
 def measured(env: dict, work: Path, count: int, tag: str) -> dict:
-    total0, idle0 = cpu_times()
-    t0 = time.monotonic()
+    start, t0 = cpu_times(), time.monotonic()
     runs = [Run(env, work / f"ckpt_{tag}{i}", work / f"{tag}{i}.log") for i in range(count)]
     results = [r.wait() for r in runs]
-    wall = time.monotonic() - t0
-    total1, idle1 = cpu_times()
-    busy = (1 - (idle1 - idle0) / max(total1 - total0, 1e-9)) * (os.cpu_count() or 1)
-    return {"wall": wall, "busy": busy, "runs": results}
+    return {"wall": time.monotonic() - t0, "busy": busy_since(start), "runs": results}
+
+
+def bench_busy(command: str) -> int:
+    start, t0 = cpu_times(), time.monotonic()
+    rc = subprocess.run(["bash", "-c", command], cwd=ROOT).returncode
+    print(f"\n## busy: `{command}` exited {rc} after {time.monotonic() - t0:.1f} s, "
+          f"{busy_since(start):.2f} of {os.cpu_count()} cores busy on average")
+    return rc
 
 
 def bench_concurrency(work: Path) -> None:
@@ -118,8 +126,6 @@ def bench_concurrency(work: Path) -> None:
     model = build_tiny_model(work / "model", ROOT / "data" / "corpus.jsonl")
     prep(["--out", str(work / "data"), "--local", str(ROOT / "data" / "qa.jsonl"), "--holdout", "10"])
     index = build_bm25(str(ROOT / "data" / "corpus.jsonl"), str(work / "bm25"), progress=False)
-    import socket
-
     with socket.socket() as s:  # a free port for the retriever
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -146,14 +152,20 @@ def bench_concurrency(work: Path) -> None:
           f"(1.00: no gain from running them side by side)")
 
 
-def main(argv=None) -> None:
+PARTS = ("imports", "concurrency", "busy")
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="imports,concurrency")
+    ap.add_argument("--parts", default="imports,concurrency", help=f"comma-separated, of {', '.join(PARTS)}")
+    ap.add_argument("--command", help="the command the busy part runs (bash, in the repository root)")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = sorted(set(parts) - {"imports", "concurrency"})
-    if unknown:
-        raise SystemExit(f"--parts: unknown part(s) {', '.join(unknown)}; choose from imports, concurrency")
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        ap.error(f"--parts: unknown or no part(s) {', '.join(unknown)!r}; choose from {', '.join(PARTS)}")
+    if ("busy" in parts) != bool(args.command):
+        ap.error("--command goes with --parts busy, and the busy part needs a --command")
     if "imports" in parts:
         bench_imports()
     if "concurrency" in parts:
@@ -162,7 +174,8 @@ def main(argv=None) -> None:
             bench_concurrency(work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    return bench_busy(args.command) if "busy" in parts else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

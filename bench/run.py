@@ -44,15 +44,21 @@ def cpu_times() -> tuple[float, float]:
     return sum(fields), idle
 
 
-def busy_cores(seconds: float = 1.0) -> float:
-    """Cores kept busy over ``seconds`` by everything on the machine (this process sleeps)."""
-    total0, idle0 = cpu_times()
-    time.sleep(seconds)
+def busy_since(start: tuple[float, float]) -> float:
+    """Cores kept busy by everything on the machine since ``start = cpu_times()``."""
+    total0, idle0 = start
     total1, idle1 = cpu_times()
     span = total1 - total0
     if span <= 0:
         return 0.0
     return (1.0 - (idle1 - idle0) / span) * (os.cpu_count() or 1)
+
+
+def busy_cores(seconds: float = 1.0) -> float:
+    """Cores kept busy over ``seconds`` by everything on the machine (this process sleeps)."""
+    start = cpu_times()
+    time.sleep(seconds)
+    return busy_since(start)
 
 
 #: Runs a benchmark script as __main__ and, as it exits, writes its peak RSS (kB) to the file in argv[1].

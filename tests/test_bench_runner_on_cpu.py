@@ -47,3 +47,22 @@ def test_unknown_part_is_refused():
 
     with pytest.raises(SystemExit):
         bench_run.main(["--parts", "nope"])
+
+
+def test_rehearsal_bench_parts_and_the_busy_part(capsys):
+    """bench/bench_rehearsal.py: bad --parts / --command are refused by name; the busy part reports a
+    command's exit status, wall time and busy cores."""
+    import pytest
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench import bench_rehearsal
+
+    for argv, words in ((["--parts", "nope"], "unknown or no part"), (["--parts", ""], "unknown or no part"),
+                        (["--parts", "busy"], "needs a --command"),
+                        (["--parts", "imports", "--command", "true"], "--command goes with --parts busy")):
+        with pytest.raises(SystemExit) as e:
+            bench_rehearsal.main(argv)
+        assert e.value.code == 2 and words in capsys.readouterr().err, argv
+    assert bench_rehearsal.main(["--parts", "busy", "--command", "exit 3"]) == 3
+    out = capsys.readouterr().out
+    assert "`exit 3` exited 3 after" in out and "cores busy on average" in out
