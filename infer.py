@@ -4,6 +4,9 @@
     python infer.py --model runs/demo/ckpt --index runs/index/minilm "Who wrote Hamlet?"
     python infer.py --file questions.jsonl --out answers.jsonl        # FlashRAG jsonl in, jsonl out
 
+With --file, each answer is appended to --out as it finishes; the same command run again after an
+interruption asks only the questions not answered yet.
+
 The model needs a retriever: a running server (``bash retrieval_launch.sh``; ``--retriever-url``)
 or an index loaded in-process (``--index DIR``).
 """
@@ -81,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new-tokens", type=int, default=500, help="per turn")
     ap.add_argument("--device", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--concurrency", type=int, default=256, help="with --file: questions in flight (default 256)")
+    from train.inference import add_engine_flags
+
+    add_engine_flags(ap)
     return ap
 
 
@@ -95,35 +102,87 @@ async def _run(args, asker) -> int:
         return 0
     rows = args.rows
     out_path = args.out or args.file + ".answers.jsonl"
-    bar = tqdm(total=len(rows), desc="questions", file=sys.stderr)
+    done = read_answers(out_path, rows)
+    todo = [r for r in rows if r["id"] not in done]
+    if done:
+        print(f"resuming: {len(rows) - len(todo)} of {len(rows)} questions already answered in {out_path}",
+              file=sys.stderr)
+    bar = tqdm(total=len(todo), desc="questions", file=sys.stderr)
+    failed: list[str] = []
 
-    async def one(row):
-        res = await asker.ask(row["question"])
-        bar.update(1)
-        d = {"id": row["id"], **res.to_dict()}
-        if row["golden_answers"]:
-            d["golden_answers"] = row["golden_answers"]
-            d["em"] = em(res.answer, row["golden_answers"]) if res.answer is not None else 0.0
-            d["f1"] = f1(res.answer, row["golden_answers"]) if res.answer is not None else 0.0
-        return d
+    with open(out_path, "a", encoding="utf-8") as f:
+        async def one(row):
+            res = await asker.ask(row["question"])
+            bar.update(1)
+            if res.failed_searches:  # an answer given without the passages it asked for: not kept
+                failed.append(row["id"])
+                return
+            d = {"id": row["id"], **res.to_dict()}
+            if row["golden_answers"]:
+                d["golden_answers"] = row["golden_answers"]
+                d["em"] = em(res.answer, row["golden_answers"]) if res.answer is not None else 0.0
+                d["f1"] = f1(res.answer, row["golden_answers"]) if res.answer is not None else 0.0
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")  # as each finishes: a crash loses no answer
+            f.flush()
+            done[row["id"]] = d
 
-    results = await asyncio.gather(*(one(r) for r in rows))
+        await asyncio.gather(*(one(r) for r in todo))
     bar.close()
-    with open(out_path, "w", encoding="utf-8") as f:
-        for d in results:
-            f.write(json.dumps(d, ensure_ascii=False) + "\n")
-    scored = [d["em"] for d in results if "em" in d]
-    summary = f"wrote {len(results)} answers to {out_path}"
+    order = {r["id"]: i for i, r in enumerate(rows)}  # appended as they finished; now in the file's order
+    tmp = out_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(d, ensure_ascii=False) + "\n"
+                     for d in sorted(done.values(), key=lambda d: order.get(d["id"], len(order))))
+    os.replace(tmp, out_path)
+    ours = [done[r["id"]] for r in rows if r["id"] in done]
+    scored = [d["em"] for d in ours if "em" in d]
+    summary = f"{len(ours)} of {len(rows)} answers in {out_path}"
     if scored:
         summary += f"; EM {sum(scored) / len(scored):.3f} over {len(scored)} questions with gold answers"
     print(summary)
+    if failed:
+        print(f"error: {len(failed)} questions saw a failed search and were not written (e.g. id {failed[0]!r}); "
+              f"rerun the same command once the retriever answers: the answers above are kept", file=sys.stderr)
+        return 3
     return 0
+
+
+def read_answers(path: str, rows: list[dict]) -> dict[str, dict]:
+    """The answers already in ``path`` (an earlier, maybe interrupted, run), by id; the file is rewritten
+    without a line an interruption cut short. An id of ``rows`` answered for another question is an error."""
+    if not os.path.isfile(path):
+        return {}
+    questions = {r["id"]: r["question"] for r in rows}
+    done: dict[str, dict] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the last line of a run that was killed while writing it
+            if not isinstance(d, dict) or "id" not in d:
+                continue
+            if d["id"] in questions and d.get("question") != questions[d["id"]]:
+                raise SystemExit(f"error: {path} holds answers to other questions (id {d['id']!r}: "
+                                 f"{str(d.get('question'))[:80]!r}); pass another --out, or delete the file")
+            done[str(d["id"])] = d
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(d, ensure_ascii=False) + "\n" for d in done.values())
+    os.replace(tmp, path)
+    return done
 
 
 def main(argv=None, generator=None) -> int:
     """``generator`` (a server manager) replaces the model backend; tests pass a scripted one."""
-    args = build_parser().parse_args(argv)
-    from train.inference import Asker, InferenceError, load_tokenizer_and_check, make_generator, make_search_client
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    from train.inference import (Asker, EngineDead, InferenceError, check_engine_flags, engine_settings,
+                                 load_tokenizer_and_check, make_generator, make_search_client)
+
+    check_engine_flags(ap, args)
+    if args.concurrency < 1:
+        ap.error("--concurrency must be >= 1")
 
     if bool(args.question) == bool(args.file):
         print("error: give a question or --file (not both)", file=sys.stderr)
@@ -138,10 +197,15 @@ def main(argv=None, generator=None) -> int:
     try:
         tokenizer = getattr(generator, "tokenizer", None) or load_tokenizer_and_check(args.model)
         client = make_search_client(args.retriever_url, args.corpus, args.index, topk=args.topk)
-        gen = generator or make_generator(args.model, args.backend, args.device, args.seed)
+        gen = generator or make_generator(args.model, args.backend, args.device, args.seed, vllm=engine_settings(args))
         asker = Asker(gen, tokenizer, client, max_turns=args.max_turns, topk=args.topk,
-                      temperature=args.temperature, max_new_tokens=args.max_new_tokens, model_path=args.model)
+                      temperature=args.temperature, max_new_tokens=args.max_new_tokens, model_path=args.model,
+                      concurrency=args.concurrency)
         return asyncio.run(_run(args, asker))
+    except EngineDead as e:
+        print(f"error: {e}; the answers written so far are kept: rerun the same command for the others",
+              file=sys.stderr)
+        return 4
     except InferenceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -34,6 +34,7 @@ PARTS = {
     "llds": "bench/bench_llds.py",
     "eval:hf_engine": "bench/bench_eval.py --parts hf_engine",
     "eval:engines": "bench/bench_eval.py --parts engines",
+    "attention": "bench/bench_attention.py --heads 4 --kv-heads 1",
 }
 
 

@@ -9,6 +9,27 @@ its top-k, and the shards' top-k are merged. It runs on every GPU architecture t
 runs on, checked at start-up (:func:`check_cuda_devices`), and on CPU, where the tests compare it with
 FAISS's own exact search.
 
+Search is launched on every device before any result is copied back (CUDA work is asynchronous until
+a host sync), so the GPUs work at the same time; only then are the per-shard top-k collected and merged.
+
+Scores are fp32, as FAISS's (Search-R1's retriever) are, also from fp16 shards: an fp16 product
+would round each score to 11 significant bits before the top-k and reorder near-ties. On CUDA,
+``torch.mm(a, b, torch.float32)`` (the ``mm.dtype`` overload, torch >= 2.8, CUDA only and only for
+fp16/bf16 inputs) reads the fp16 shard as it is, multiplies exactly (an fp16 x fp16 product fits in
+fp32) and accumulates and writes fp32: no fp32 copy of the shard, tensor-core speed. Its inputs must
+both be fp16, so the fp32 query is split in two fp16 halves, ``q ~= hi + lo * eps`` (``lo`` is the
+rounding residual scaled by ``1/eps``, a power of two, so it stays out of fp16's subnormals), and one
+product of the stacked halves gives ``hi.x + eps * lo.x`` -- the query kept to ~22 bits instead of 11,
+for the price of a second row per query in a bandwidth-bound product. Where that overload is missing
+(CPU, older torch; probed once per shard), each block is upcast to fp32 and multiplied with the fp32
+query: exact fp32 too, at the cost of ``4 * d`` bytes per block row of workspace and fp32 (non-tensor-
+core) speed. Upcasting the whole shard was not chosen: it would double its memory. (fp32 products on
+CUDA follow torch's TF32 setting, off by default.)
+
+The search workspace per device is bounded in bytes (``workspace_bytes``): the block rows, and where
+needed the number of queries per product, are derived from it and the batch size (:func:`plan_blocks`),
+since torch's caching allocator keeps the largest block it ever served beside the training job.
+
 The vectors are read straight from the ``.index`` file (:func:`read_flat_vectors`: a memory map of
 the file's float32 block, no FAISS needed), so loading streams from disk to the devices with
 bounded host memory.
@@ -88,17 +109,96 @@ def check_cuda_devices(devices: Sequence[str], *, archs: Optional[Sequence[str]]
                 f"installs, has sm_75 sm_80 sm_86 sm_90 sm_100 sm_120), or serve on CPU without --gpu.")
 
 
-class TorchFlatIndex:
-    """Exact top-k inner-product search; one shard of the vectors per device."""
+# 256 MiB of scratch per device: at the server's default batch of 256 queries that is 262,144 fp32
+# score rows (131,072 with the two fp16 query halves), so a wiki-18 shard on 8 GPUs (2.6M rows) is
+# ~20 products per search, each reading ~200 MB of shard -- big enough to keep the GPU busy rather
+# than the Python launch loop -- while the caching allocator keeps under 0.2% of an H200 (0.3% of an
+# 80 GB H100) beside the training job. The old fixed 1<<20 rows took 2 GiB at 512 queries.
+DEFAULT_WORKSPACE_BYTES = 256 << 20
+_ROW_ALIGN = 128  # block rows rounded down to a multiple of this (GEMM tile width) when that costs < half
 
-    def __init__(self, shards: Sequence, block_rows: int = 1 << 20):
+
+def plan_blocks(batch: int, k: int, rows_total: int, workspace_bytes: int, *, bytes_per_score: int = 4,
+                bytes_per_row: int = 0, max_rows: Optional[int] = None) -> tuple[int, int]:
+    """``(queries per product, block rows)`` for one shard, so that a product's workspace,
+    ``rows * (bytes_per_score * queries + bytes_per_row)``, stays within ``workspace_bytes``.
+
+    Block rows are at least ``min(k, rows_total)`` where the budget allows (so merging two blocks'
+    top-k costs no more than a block); when the whole batch does not fit at that many rows, the batch
+    is split into equal chunks that do. ``bytes_per_row`` is per-block scratch that does not grow with
+    the batch (an fp32 copy of the block). At least one query and one row, whatever the budget."""
+    if batch < 1 or rows_total < 1:
+        return max(batch, 0), 0
+    cap = rows_total if max_rows is None else max(1, min(rows_total, int(max_rows)))
+    want = min(max(k, 1), cap)
+
+    def rows_for(chunk: int) -> int:
+        return workspace_bytes // (bytes_per_score * chunk + bytes_per_row)
+
+    chunk = batch
+    if rows_for(chunk) < want:
+        fit = max(1, (workspace_bytes // want - bytes_per_row) // bytes_per_score)
+        pieces = -(-batch // fit)
+        chunk = -(-batch // pieces)  # equal chunks, each <= fit
+    rows = min(max(rows_for(chunk), 1), cap)
+    if rows < cap and rows >= 2 * _ROW_ALIGN:
+        rows -= rows % _ROW_ALIGN
+    return chunk, rows
+
+
+def _mm_fp32_out(a, b):
+    """``a @ b`` of fp16/bf16 matrices, accumulated and returned in fp32 (torch >= 2.8, CUDA only).
+    Passed positionally: the ``mm.dtype`` overload takes ``out_dtype`` as its third argument."""
+    import torch
+
+    return torch.mm(a, b, torch.float32)
+
+
+def _has_fp32_out_mm(device, dtype) -> bool:
+    """Whether :func:`_mm_fp32_out` runs for ``dtype`` matrices on ``device`` (a tiny product, the
+    layout search uses: a row-major query times a transposed block)."""
+    import torch
+
+    try:
+        a = torch.zeros((2, 8), dtype=dtype, device=device)
+        b = torch.zeros((4, 8), dtype=dtype, device=device)
+        return _mm_fp32_out(a, b.T).dtype == torch.float32
+    except (RuntimeError, TypeError):  # NotImplementedError (no kernel for the device) is a RuntimeError
+        return False
+
+
+class TorchFlatIndex:
+    """Exact top-k inner-product search; one shard of the vectors per device.
+
+    ``shards``: torch tensors ``(n_i, d)`` on any devices (fp32, fp16 or bf16); ids run on from one
+    shard to the next. ``workspace_bytes``: scratch per device and search (see :func:`plan_blocks`);
+    ``block_rows``: an optional further cap on the rows per product."""
+
+    def __init__(self, shards: Sequence, block_rows: Optional[int] = None,
+                 workspace_bytes: int = DEFAULT_WORKSPACE_BYTES):
+        import torch
+
+        if int(workspace_bytes) <= 0:
+            raise ValueError(f"workspace_bytes must be > 0, got {workspace_bytes}")
         self.shards = list(shards)
         self.starts = np.cumsum([0] + [int(s.shape[0]) for s in self.shards])[:-1].tolist()
-        self.block_rows = int(block_rows)
+        self.block_rows = None if block_rows is None else int(block_rows)
+        self.workspace_bytes = int(workspace_bytes)
+        # per shard: "fp32" (fp32 shard), "split" (fp16/bf16 shard, fp32-output product of the two query
+        # halves) or "upcast" (fp16/bf16 shard, each block copied to fp32 first)
+        self.modes = []
+        for s in self.shards:
+            if s.dtype == torch.float32:
+                self.modes.append("fp32")
+            elif s.dtype in (torch.float16, torch.bfloat16) and _has_fp32_out_mm(s.device, s.dtype):
+                self.modes.append("split")
+            else:
+                self.modes.append("upcast")
 
     @staticmethod
     def load(path: str | os.PathLike, devices: Optional[Sequence[str]] = None, dtype=None,
-             block_rows: int = 1 << 20, chunk_rows: int = 1 << 18, progress: bool = True) -> "TorchFlatIndex":
+             block_rows: Optional[int] = None, chunk_rows: int = 1 << 18, progress: bool = True,
+             workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> "TorchFlatIndex":
         """Shard the vectors of ``path`` over ``devices`` (default: every visible GPU), in ``dtype``
         (default fp16 on GPUs, fp32 on CPU), copied ``chunk_rows`` at a time from the memory map."""
         import torch
@@ -128,38 +228,106 @@ class TorchFlatIndex:
                 bar.update(j - i)
             shards.append(shard)
         bar.close()
-        return TorchFlatIndex(shards, block_rows=block_rows)
+        return TorchFlatIndex(shards, block_rows=block_rows, workspace_bytes=workspace_bytes)
 
     @property
     def ntotal(self) -> int:
         return int(sum(s.shape[0] for s in self.shards))
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(scores float32 (B, k), ids int64 (B, k)), best first; FAISS's layout (-1 ids past ntotal)."""
+    def plan(self, shard_no: int, batch: int, k: int, mode: Optional[str] = None) -> tuple[int, int]:
+        """``(queries per product, block rows)`` of shard ``shard_no`` for a search of ``batch`` queries."""
+        shard, mode = self.shards[shard_no], mode or self.modes[shard_no]
+        return plan_blocks(batch, k, int(shard.shape[0]), self.workspace_bytes,
+                           bytes_per_score=8 if mode == "split" else 4,
+                           bytes_per_row=4 * int(shard.shape[1]) if mode == "upcast" else 0,
+                           max_rows=self.block_rows)
+
+    @staticmethod
+    def _scores(mode: str, qd, block):
+        """fp32 ``(chunk, rows)`` scores of one block; ``qd`` as :meth:`_device_queries` made it."""
         import torch
 
-        q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
+        if mode == "split":
+            both = _mm_fp32_out(qd, block.T)  # (2 * chunk, rows): hi.x over lo.x
+            half = both.shape[0] // 2
+            scores = both[:half]
+            scores.add_(both[half:], alpha=torch.finfo(block.dtype).eps)  # hi.x + eps * lo.x, in place
+            return scores
+        if mode == "upcast":
+            return qd @ block.float().T
+        return qd @ block.T
+
+    @staticmethod
+    def _device_queries(mode: str, q, dtype):
+        """The fp32 queries ``q`` (on the shard's device) in the form :meth:`_scores` takes."""
+        import torch
+
+        if mode != "split":
+            return q
+        hi = q.to(dtype)
+        lo = ((q - hi.float()) * (1.0 / torch.finfo(dtype).eps)).to(dtype)  # the residual is exact in fp32
+        return torch.cat([hi, lo])
+
+    def _shard_topk(self, shard_no: int, q, k: int, fits_fp16: bool):
+        """A generator that queues one block's work on the shard's device per step (no host sync) and
+        returns the shard's ``(scores, ids)`` top-k, still on the device."""
+        import torch
+
+        shard, start = self.shards[shard_no], self.starts[shard_no]
+        mode = self.modes[shard_no]
+        if mode == "split" and shard.dtype == torch.float16 and not fits_fp16:
+            mode = "upcast"  # a query component beyond fp16's range: the fp32 road for this search
         b = q.shape[0]
-        parts_s, parts_i = [], []
-        for shard, start in zip(self.shards, self.starts):
-            qd = q.to(shard.device, shard.dtype)
+        chunk, rows = self.plan(shard_no, b, k, mode)
+        qdev = q.to(shard.device, non_blocking=True)
+        out_s, out_i = [], []
+        for c0 in range(0, b, chunk):
+            qd = self._device_queries(mode, qdev[c0: c0 + chunk], shard.dtype)
             best_s = best_i = None
-            for lo in range(0, shard.shape[0], self.block_rows):
-                block = shard[lo: lo + self.block_rows]
-                scores = (qd @ block.T).float()
+            for lo in range(0, shard.shape[0], rows):
+                block = shard[lo: lo + rows]
+                scores = self._scores(mode, qd, block)
                 s, i = torch.topk(scores, min(k, block.shape[0]), dim=1)
                 i = i + (start + lo)
                 if best_s is not None:
                     s, pick = torch.topk(torch.cat([best_s, s], 1), min(k, best_s.shape[1] + s.shape[1]), dim=1)
                     i = torch.gather(torch.cat([best_i, i], 1), 1, pick)
                 best_s, best_i = s, i
-            if best_s is not None:
-                parts_s.append(best_s.cpu())
-                parts_i.append(best_i.cpu())
-        out_s = np.full((b, k), -np.inf, dtype=np.float32)
-        out_i = np.full((b, k), -1, dtype=np.int64)
-        if parts_s:
-            s, pick = torch.topk(torch.cat(parts_s, 1), min(k, sum(p.shape[1] for p in parts_s)), dim=1)
-            i = torch.gather(torch.cat(parts_i, 1), 1, pick)
-            out_s[:, : s.shape[1]], out_i[:, : i.shape[1]] = s.numpy(), i.numpy()
+                yield
+            out_s.append(best_s)
+            out_i.append(best_i)
+        return torch.cat(out_s), torch.cat(out_i)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores float32 (B, k), ids int64 (B, k)), best first; FAISS's layout (-1 ids past ntotal)."""
+        import torch
+
+        q_np = np.ascontiguousarray(queries, dtype=np.float32)
+        if q_np.ndim != 2:
+            raise ValueError(f"queries must be a (B, d) matrix, got shape {q_np.shape}")
+        b, k = q_np.shape[0], int(k)
+        out_s = np.full((b, max(k, 0)), -np.inf, dtype=np.float32)
+        out_i = np.full((b, max(k, 0)), -1, dtype=np.int64)
+        live = [j for j, s in enumerate(self.shards) if s.shape[0] > 0]
+        if b == 0 or k < 1 or not live:
+            return out_s, out_i
+        fits_fp16 = float(np.abs(q_np).max()) < float(torch.finfo(torch.float16).max)  # on the host: no sync
+        q = torch.from_numpy(q_np)
+        if any(self.shards[j].device.type == "cuda" for j in live):
+            q = q.pin_memory()  # so the copies to the GPUs are asynchronous
+        # 1. launch: one block per device in turn, so every device has work queued at once
+        steps = {j: self._shard_topk(j, q, k, fits_fp16) for j in live}
+        on_device = {}
+        while steps:
+            for j in list(steps):
+                try:
+                    next(steps[j])
+                except StopIteration as done:
+                    on_device[j] = done.value
+                    del steps[j]
+        # 2. collect (each copy waits for its own device only; the others keep computing), 3. merge
+        parts = [(on_device[j][0].cpu(), on_device[j][1].cpu()) for j in live]
+        s, pick = torch.topk(torch.cat([p[0] for p in parts], 1), min(k, sum(p[0].shape[1] for p in parts)), dim=1)
+        i = torch.gather(torch.cat([p[1] for p in parts], 1), 1, pick)
+        out_s[:, : s.shape[1]], out_i[:, : i.shape[1]] = s.numpy(), i.numpy()
         return out_s, out_i

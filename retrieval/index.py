@@ -76,13 +76,15 @@ class DenseIndex:
         faiss.write_index(self.index, str(path))
 
     @staticmethod
-    def load(path: str | os.PathLike, *, mmap: bool = False, gpu: bool = False):
+    def load(path: str | os.PathLike, *, mmap: bool = False, gpu: bool = False,
+             gpu_workspace_bytes: Optional[int] = None):
         """A FAISS index on CPU; with ``gpu``, a flat index searched exactly in torch on every GPU
-        (:class:`retrieval.flat.TorchFlatIndex`: fp16 shards; faiss-gpu's PyPI wheels lack sm_90)."""
+        (:class:`retrieval.flat.TorchFlatIndex`: fp16 shards; faiss-gpu's PyPI wheels lack sm_90), with
+        at most ``gpu_workspace_bytes`` of search scratch per GPU (default: the module's 256 MiB)."""
         if gpu:
-            from retrieval.flat import TorchFlatIndex
+            from retrieval.flat import DEFAULT_WORKSPACE_BYTES, TorchFlatIndex
 
-            return TorchFlatIndex.load(path)
+            return TorchFlatIndex.load(path, workspace_bytes=gpu_workspace_bytes or DEFAULT_WORKSPACE_BYTES)
         faiss = import_faiss()
 
         if not Path(path).is_file():
@@ -286,7 +288,8 @@ def check_corpus(manifest: dict, manifest_path: Path, store: CorpusStore) -> Non
 
 def load_retriever(index: str | os.PathLike, corpus: Optional[str | os.PathLike] = None, *,
                    encoder: Optional[str] = None, kind: Optional[str] = None, mmap: bool = False,
-                   gpu: bool = False, device: Optional[str] = None) -> Retriever:
+                   gpu: bool = False, device: Optional[str] = None,
+                   gpu_workspace_bytes: Optional[int] = None) -> Retriever:
     """Load from an index directory (manifest) or, for released indexes, from files.
 
     - ``index`` a directory with ``manifest.json``: everything comes from the manifest.
@@ -308,7 +311,8 @@ def load_retriever(index: str | os.PathLike, corpus: Optional[str | os.PathLike]
             return Retriever(LuceneIndex(index / "lucene"), store, kind="lucene")
         spec = EncoderSpec(**m["encoder"])
         enc = Encoder(spec, device=device)
-        return Retriever(DenseIndex.load(index / "index.faiss", mmap=mmap, gpu=gpu), store, enc)
+        dense = DenseIndex.load(index / "index.faiss", mmap=mmap, gpu=gpu, gpu_workspace_bytes=gpu_workspace_bytes)
+        return Retriever(dense, store, enc)
     if corpus is None:
         raise ValueError(f"{index} has no {MANIFEST}: pass the corpus jsonl too")
     store = CorpusStore(corpus, Path(str(index) + ".offsets.npy") if index.is_file() else index / "offsets.npy")
@@ -316,4 +320,5 @@ def load_retriever(index: str | os.PathLike, corpus: Optional[str | os.PathLike]
         return Retriever(LuceneIndex(index), store, kind="lucene")
     if encoder is None:
         raise ValueError(f"{index} has no manifest: pass the encoder name (e.g. intfloat/e5-base-v2)")
-    return Retriever(DenseIndex.load(index, mmap=mmap, gpu=gpu), store, Encoder(spec_for(encoder), device=device))
+    dense = DenseIndex.load(index, mmap=mmap, gpu=gpu, gpu_workspace_bytes=gpu_workspace_bytes)
+    return Retriever(dense, store, Encoder(spec_for(encoder), device=device))

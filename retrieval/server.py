@@ -457,6 +457,9 @@ def main(argv=None) -> None:
                     help="extra wait for more queries after the first (0: batch what queued meanwhile)")
     ap.add_argument("--gpu", action="store_true",
                     help="flat index searched exactly in torch on all GPUs (fp16 shards; capability checked)")
+    ap.add_argument("--gpu-workspace-mb", type=int, default=256,
+                    help="with --gpu: search scratch per GPU in MiB (score blocks; bounds what torch's allocator "
+                         "keeps beside a training job on the same GPU)")
     ap.add_argument("--mmap", action="store_true", help="memory-map an on-disk flat index")
     ap.add_argument("--device", default=None, help="encoder device (default: cuda if available)")
     args = ap.parse_args(argv)
@@ -464,6 +467,8 @@ def main(argv=None) -> None:
         ap.error("--max-batch must be >= 1")
     if not 1 <= args.topk <= 100:
         ap.error("--topk must be between 1 and 100")
+    if args.gpu_workspace_mb <= 0:
+        ap.error(f"--gpu-workspace-mb must be > 0 (MiB of search scratch per GPU), got {args.gpu_workspace_mb}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from retrieval.corpus import CorpusError
     from retrieval.flat import FlatIndexError, UnsupportedGPU
@@ -471,7 +476,7 @@ def main(argv=None) -> None:
 
     try:
         retriever = load_retriever(args.index, args.corpus, encoder=args.encoder, kind=args.kind, mmap=args.mmap,
-                                   gpu=args.gpu, device=args.device)
+                                   gpu=args.gpu, device=args.device, gpu_workspace_bytes=args.gpu_workspace_mb << 20)
     except (CorpusError, IndexLoadError, FileNotFoundError, FlatIndexError, UnsupportedGPU) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)

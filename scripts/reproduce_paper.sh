@@ -45,13 +45,34 @@ fi
   || bash scripts/download_data.sh
 
 base=${RETRIEVER_URL%/retrieve}
+# What this script leaves running: a retriever it started is stopped when it ends (success or not),
+# unless KEEP_RETRIEVER=1; one that was already running is left as it was. Either way it says so.
+STARTED_PID=
+finish() {
+  local rc=$?
+  if [ -n "$STARTED_PID" ] && kill -0 "$STARTED_PID" 2>/dev/null; then
+    if [ "${KEEP_RETRIEVER:-0}" = 1 ]; then
+      echo "left running: the e5 retriever this script started (pid $STARTED_PID, $base; its index shards hold" \
+           "GPU memory on every GPU); stop it with: kill $STARTED_PID"
+    else
+      echo "stopping the e5 retriever this script started (pid $STARTED_PID; KEEP_RETRIEVER=1 keeps it up)"
+      kill "$STARTED_PID" 2>/dev/null || true
+    fi
+  elif [ -z "$STARTED_PID" ]; then
+    echo "left running: the retriever at $base, as it was before this script (not started here)"
+  fi
+  exit "$rc"
+}
 if "$PY" -m retrieval.client "$base"; then  # a retriever already answers: no wiki-18 download (~78 GB)
   echo "using the retriever at $base"
+  trap finish EXIT
 else
   [ -f "$WIKI18/e5_Flat.index" ] && [ -f "$WIKI18/wiki-18.jsonl" ] || bash scripts/download_wiki18.sh "$WIKI18" corpus,e5
   echo "starting the e5 retriever (log: runs/retriever.log) ..."
   mkdir -p runs
   RETRIEVER=e5 WIKI18=$WIKI18 nohup bash retrieval_launch.sh > runs/retriever.log 2>&1 &
+  STARTED_PID=$!  # retrieval_launch.sh execs the server: this is its pid
+  trap finish EXIT
   # loading 21M vectors takes minutes; stop waiting at once if the retriever process dies
   if ! "$PY" -m retrieval.client "$base" --wait 1800 --pid $!; then
     echo "error: the retriever did not come up; the end of runs/retriever.log:" >&2

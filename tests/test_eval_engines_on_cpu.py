@@ -85,6 +85,23 @@ def test_two_engines_an_engine_killed_midway_same_table(learn_task, learn_server
     assert stdout[stdout.index("source"):stdout.index("average (macro)")] == ref_table
 
 
+def test_an_engine_whose_core_died_hands_its_questions_over(learn_task, learn_server, one_engine, tmp_path):
+    """The worker process lives on but its engine answers every request with EngineDeadError (vLLM's
+    front-end after its EngineCore died): the worker is treated as dead, its questions go to the other."""
+    ref, ref_table = one_engine
+    out = tmp_path / "dead_core.jsonl"
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "engine_dead"), str(ROOT)]),
+           "ENGINE_DEAD_LOCK": str(tmp_path / "saboteur"), "ENGINE_DEAD_AFTER": "3"}
+    r = subprocess.run(eval_cmd(learn_task, learn_server, out, "--engines", "2", "--concurrency", "2"), cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert (tmp_path / "saboteur").is_file()  # one worker did get the failing engine
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "EngineDeadError" in r.stderr and "asking them on the 1 other engines" in r.stderr
+    assert "asked again after their engine died" in r.stdout
+    assert answers(out) == answers(ref)
+    assert r.stdout[r.stdout.index("source"):r.stdout.index("average (macro)")] == ref_table
+
+
 def test_two_engines_run_killed_and_resumed_same_table(learn_task, learn_server, one_engine, tmp_path):
     ref, ref_table = one_engine
     out = tmp_path / "resumed.jsonl"

@@ -62,7 +62,8 @@ def test_a_train_file_smaller_than_one_batch(tmp_path):
 
 
 def test_fsdp1_on_cpu_and_missing_models_are_refused(tmp_path):
-    cfg = load("grpo")  # the preset's strategy, as a user's first rehearsal without the overlay
+    assert load("grpo").actor_rollout_ref.actor.strategy == "fsdp2"  # the presets' (CPU and GPU alike)
+    cfg = load("grpo", ["actor_rollout_ref.actor.strategy=fsdp"])  # a user's FSDP1 override, on CPU
     assert cfg.actor_rollout_ref.actor.strategy == "fsdp"
     with pytest.raises(ValueError, match="actor_rollout_ref.actor.strategy=fsdp \\(FSDP1\\) cannot run on CPU"):
         preflight.strategy_preflight(cfg, cpu=True)

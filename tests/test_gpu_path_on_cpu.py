@@ -46,12 +46,13 @@ def test_presets_use_sdpa_for_actor_ref_and_critic(name, tiny_model_dir):
     model = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)  # verl's HFModelConfig (actor and ref)
     assert model.hf_config._attn_implementation == "sdpa"
     assert cfg.actor_rollout_ref.actor.use_dynamic_bsz is True
-    assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 16384
+    assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 8192  # holds the longest trajectory
+    assert cfg.data.max_prompt_length + cfg.data.max_response_length <= 8192
     assert cfg.actor_rollout_ref.ref.log_prob_use_dynamic_bsz is True  # follows the actor
     if name == "ppo":
         critic = omega_conf_to_dataclass(cfg.critic.model)
         assert critic.hf_config._attn_implementation == "sdpa"
-        assert cfg.critic.ppo_max_token_len_per_gpu == 16384
+        assert cfg.critic.ppo_max_token_len_per_gpu == cfg.critic.ppo_infer_max_token_len_per_gpu == 8192
 
 
 def test_sdpa_on_packed_sequences_equals_separate_forwards(tiny_model_dir):

@@ -188,6 +188,7 @@ def test_reproduce_paper_end_to_end(journey):
     text = run(["bash", "scripts/reproduce_paper.sh", "trainer.total_training_steps=2", "trainer.save_freq=1"], env,
                work / "repro.log", timeout=1500)
     assert f"using the retriever at {journey['url']}" in text and not (work / "no_wiki18").exists()
+    assert f"left running: the retriever at {journey['url']}, as it was before this script" in text
     assert "reproducing '3B-Ins GRPO'" in text and "the best checkpoint before collapse" in text
     assert "rehearsal (cpu): grpo" in text and "checkpoints.keep_last=0" not in text.split("rehearsal (cpu)")[0]
     steps = [json.loads(line) for line in (work / "repro" / "eval_steps" / "steps.jsonl").read_text().splitlines()]

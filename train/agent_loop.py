@@ -214,13 +214,21 @@ class SearchR1AgentLoop(AgentLoopBase):
                                            count_tokens=lambda s: len(self._encode(s))), "ok"
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
+        request_id = uuid4().hex  # the same for every turn: an engine keeps the KV cache between them
+        try:
+            return await self._trajectory(request_id, sampling_params, **kwargs)
+        finally:  # the trajectory is over: an engine that kept its cache for the next turn can drop it
+            release = getattr(self.server_manager, "release", None)
+            if callable(release):
+                release(request_id)
+
+    async def _trajectory(self, request_id: str, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         extra_info = kwargs.get("extra_info") or {}
         is_eval = isinstance(extra_info, dict) and extra_info.get("split") in EVAL_SPLITS
         max_turns = self.search.val_max_turns if is_eval else self.search.max_turns
         prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
         prompt_ids = self._cap_text_prompt_length(prompt_ids)
 
-        request_id = uuid4().hex
         eos = self._eos
         response_ids: list[int] = []
         response_mask: list[int] = []

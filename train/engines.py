@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from train.inference import InferenceError, Result
+from train.inference import InferenceError, Result, is_engine_dead, vllm_engine_env
 
 
 class EnginesDown(RuntimeError):
@@ -34,13 +34,11 @@ class EnginesDown(RuntimeError):
 
 
 def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (empty without CUDA)."""
-    try:
-        import torch
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (empty without CUDA). Asked
+    without initialising CUDA here (:mod:`train.cuda_probe`): with one engine, this process builds it."""
+    from train.cuda_probe import gpu_count
 
-        n = torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
-        return []
+    n = gpu_count()
     if not n:
         return []
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -102,7 +100,7 @@ class EnginePool:
         self.log_prefix.parent.mkdir(parents=True, exist_ok=True)
         cpu_threads = max(1, (os.cpu_count() or 1) // len(self.devices))
         for i, dev in enumerate(self.devices):
-            env = dict(os.environ)
+            env = {**os.environ, **vllm_engine_env(i)}  # spawned EngineCore, a compile cache of its own
             if dev is not None:
                 env["CUDA_VISIBLE_DEVICES"] = dev
             else:  # CPU engines share the cores instead of each taking them all
@@ -141,6 +139,10 @@ class EnginePool:
             if not line:
                 break
             msg = json.loads(line)
+            if "engine_dead" in msg:  # its engine is gone; the worker exits and its questions move on
+                w.alive = False
+                print(f"engine {w.index}: {msg['engine_dead']}", file=sys.stderr)
+                continue
             item = w.pending.pop(msg["id"], None)
             if item is None:
                 continue
@@ -219,28 +221,53 @@ class EnginePool:
 # ---------------------------------------------------------------------------------------------
 
 
-async def _serve(asker, channel) -> None:
+#: A worker's exit status when its engine died under it (the pool asks its questions elsewhere).
+ENGINE_DEAD_EXIT = 3
+
+
+async def _serve(asker, channel) -> int:
+    """Answer questions until stdin closes (0) or the engine dies (:data:`ENGINE_DEAD_EXIT`): then the
+    questions in flight get no answer here; the parent sees the worker end and asks them again."""
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task] = set()
+    dead = asyncio.Event()
 
     async def one(msg: dict) -> None:
         try:
             res = await asker.ask(msg["question"])
             out = {"id": msg["id"], "result": dataclasses.asdict(res)}
         except Exception as e:  # noqa: BLE001  (one question's failure is reported, not fatal)
+            if is_engine_dead(e):
+                if not dead.is_set():
+                    dead.set()
+                    channel.write(json.dumps({"engine_dead": f"{type(e).__name__}: {e}"}) + "\n")
+                    channel.flush()
+                return
             out = {"id": msg["id"], "error": f"{type(e).__name__}: {e}"}
+        if dead.is_set():
+            return
         channel.write(json.dumps(out, ensure_ascii=False) + "\n")
         channel.flush()
 
-    while True:
-        line = await loop.run_in_executor(None, sys.stdin.readline)
-        if not line:
-            break
-        t = asyncio.create_task(one(json.loads(line)))
-        tasks.add(t)
-        t.add_done_callback(tasks.discard)
+    async def read() -> None:
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line:
+                return
+            t = asyncio.create_task(one(json.loads(line)))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+
+    reader = asyncio.ensure_future(read())
+    stopper = asyncio.ensure_future(dead.wait())
+    await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if dead.is_set():
+        print("the engine died; this worker exits and its questions are asked on the other engines", file=sys.stderr)
+        return ENGINE_DEAD_EXIT
+    stopper.cancel()
     if tasks:
         await asyncio.gather(*tasks)
+    return ENGINE_DEAD_EXIT if dead.is_set() else 0
 
 
 def worker_main(argv: list[str]) -> int:
@@ -252,18 +279,21 @@ def worker_main(argv: list[str]) -> int:
 
     args = build_parser().parse_args(argv)
 
-    async def go() -> None:
+    async def go() -> int:
         asker = build_asker(args)
         channel.write(json.dumps({"ready": True}) + "\n")
         channel.flush()
-        await _serve(asker, channel)
+        rc = await _serve(asker, channel)
+        if rc == ENGINE_DEAD_EXIT:  # now: asyncio.run would wait for the stdin reader thread
+            sys.stderr.flush()
+            os._exit(rc)
+        return rc
 
     try:
-        asyncio.run(go())
+        return asyncio.run(go())
     except InferenceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -282,19 +282,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-failure-rate", type=float, default=0.5,
                     help="stop when more than this share of the last 50 searches failed (default 0.5); rows "
                          "that saw a failed search are never written")
+    from train.inference import add_engine_flags
+
+    add_engine_flags(ap)
     return ap
 
 
 def build_asker(args, generator=None):
     """The asker for one engine in this process (``generator`` replaces the model backend in tests)."""
-    from train.inference import Asker, load_tokenizer_and_check, make_generator, make_search_client
+    from train.inference import Asker, engine_settings, load_tokenizer_and_check, make_generator, make_search_client
 
     tokenizer = getattr(generator, "tokenizer", None) or load_tokenizer_and_check(args.model)
     client = None
     if args.method in ("search_r1", "rag"):  # direct and cot need no retriever
         client = make_search_client(args.retriever_url, args.corpus, args.index, topk=args.topk)
     gen = generator or make_generator(args.model, args.backend, args.device,
-                                      tensor_parallel_size=args.tensor_parallel_size)
+                                      tensor_parallel_size=args.tensor_parallel_size, vllm=engine_settings(args))
     return Asker(gen, tokenizer, client, max_turns=args.max_turns, topk=args.topk, temperature=0.0,
                  max_new_tokens=args.max_new_tokens, concurrency=args.concurrency, model_path=args.model,
                  method=args.method)
@@ -303,7 +306,11 @@ def build_asker(args, generator=None):
 def _worker_argv(args, model: str) -> list[str]:
     argv = ["--model", model, "--data", args.data, "--backend", args.backend, "--method", args.method,
             "--retriever-url", args.retriever_url, "--max-turns", str(args.max_turns), "--topk", str(args.topk),
-            "--max-new-tokens", str(args.max_new_tokens), "--tensor-parallel-size", str(args.tensor_parallel_size)]
+            "--max-new-tokens", str(args.max_new_tokens), "--tensor-parallel-size", str(args.tensor_parallel_size),
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+            "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    if args.max_num_seqs:
+        argv += ["--max-num-seqs", str(args.max_num_seqs)]
     for flag, value in (("--index", args.index), ("--corpus", args.corpus), ("--device", args.device)):
         if value:
             argv += [flag, value]
@@ -359,13 +366,16 @@ def _check_args(ap, args) -> None:
         ap.error("--tensor-parallel-size must be >= 1")
     if args.tensor_parallel_size > 1 and args.backend != "vllm":
         ap.error("--tensor-parallel-size needs --backend vllm")
+    from train.inference import check_engine_flags
+
+    check_engine_flags(ap, args)
     if bool(args.model) == bool(args.checkpoints):
         ap.error("give --model or --checkpoints (one of them)")
 
 
 def main(argv=None, generator=None) -> int:
     from train.engines import EnginesDown
-    from train.inference import InferenceError
+    from train.inference import EngineDead, InferenceError
 
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -385,7 +395,7 @@ def main(argv=None, generator=None) -> int:
     except InferenceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except EnginesDown as e:
+    except (EnginesDown, EngineDead) as e:
         print(f"error: {e}; the rows written so far are kept in the results file: rerun the same command "
               f"to evaluate the others", file=sys.stderr)
         return 4

@@ -12,6 +12,15 @@ re-reads all of it each turn, one question at a time; here
   and masked; every row keeps its own positions, so a row's logits do not depend on its neighbours
   beyond floating-point rounding.
 
+Memory: transformers builds new cache tensors at every decode step (``DynamicLayer.update`` concatenates),
+so a slice of the batch's cache would keep the whole ``rows x length`` tensor of every layer alive. A
+finished row's keys/values are therefore copied into tensors of their own before they are kept; the kept
+caches are bounded in bytes (``max_cached_bytes``; least recently used dropped first) and in count, and a
+trajectory's cache is dropped when it ends (:meth:`HFBatchedServerManager.release`, called by the agent
+loop). An out-of-memory drops every kept cache and asks the batch's requests again once; a sticky device
+fault (``torch.AcceleratorError``) marks the engine dead (:class:`train.inference.EngineDead`), so the
+evaluator moves its questions to another engine.
+
 Greedy output equals ``model.generate``'s (tests/test_hf_engine_on_cpu.py); the speed-up is in
 bench/RESULTS.md (``python bench/bench_hf_engine.py``). Sampling (temperature, top_p), stop strings
 (checked on the decoded tail after every token, as :class:`train.hf_rollout.HFServerManager` does)
@@ -39,6 +48,7 @@ class _Request:
     params: dict
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    retried: bool = False  # asked again once after an out-of-memory
 
 
 @dataclass
@@ -66,9 +76,28 @@ def _pad_left(kv: KV, n: int) -> KV:
     return out
 
 
+def _nbytes(kv: KV) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
+def _owned(kv: KV) -> KV:
+    """``kv`` in tensors that hold exactly their own elements (a view of a larger tensor is copied)."""
+    def own(t: torch.Tensor) -> torch.Tensor:
+        if t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size():
+            return t
+        return t.contiguous().clone()
+
+    return [(own(k), own(v)) for k, v in kv]
+
+
+#: Default bound of the kept caches: 4 GiB on a GPU (Qwen2.5-3B in bf16 keeps 36 KiB per token: ~115
+#: two-thousand-token trajectories), 512 MiB on CPU.
+DEFAULT_CACHED_BYTES = {"cuda": 4 << 30, "cpu": 512 << 20}
+
+
 class HFBatchedServerManager:
     def __init__(self, model, tokenizer, device: Optional[str] = None, seed: Optional[int] = 0,
-                 max_batch: int = 32, max_cached: int = 512):
+                 max_batch: int = 32, max_cached: int = 512, max_cached_bytes: Optional[int] = None):
         layer_types = getattr(model.config, "layer_types", None) or []
         if any(t != "full_attention" for t in layer_types) or getattr(model.config, "use_sliding_window", False):
             raise ValueError("the batched hf engine handles full-attention models only (this one has sliding "
@@ -76,6 +105,10 @@ class HFBatchedServerManager:
         self.model, self.tokenizer = model, tokenizer
         self.device = torch.device(device) if device else next(model.parameters()).device
         self.max_batch, self.max_cached = max_batch, max_cached
+        self.max_cached_bytes = int(max_cached_bytes if max_cached_bytes is not None else
+                                    DEFAULT_CACHED_BYTES["cuda" if self.device.type == "cuda" else "cpu"])
+        self.kept_bytes = 0
+        self._dead: Optional[str] = None
         self._gen = torch.Generator(device="cpu")
         if seed is not None:
             self._gen.manual_seed(seed)
@@ -86,14 +119,17 @@ class HFBatchedServerManager:
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self.calls = 0
-        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "decode_rows": 0}
+        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "decode_rows": 0,
+                      "evicted": 0, "released": 0, "oom_retries": 0}
 
     @classmethod
     def from_pretrained(cls, path: str, device: Optional[str] = None, dtype: Optional[str] = None, seed: int = 0,
                         **kwargs):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        from train.cuda_probe import default_device
+
+        device = device or default_device()
         torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
@@ -108,6 +144,10 @@ class HFBatchedServerManager:
         req = _Request(None if request_id is None else str(request_id), list(prompt_ids), dict(sampling_params),
                        loop, loop.create_future())
         with self._cond:
+            if self._dead:
+                from train.inference import EngineDead
+
+                raise EngineDead(self._dead)
             if self._closed:
                 raise RuntimeError("the hf engine is closed")
             self.calls += 1
@@ -143,8 +183,8 @@ class HFBatchedServerManager:
                     for req in admit:
                         try:
                             row, row_kv = self._prefill(req)
-                        except Exception as e:  # noqa: BLE001  (this request fails; the batch goes on)
-                            self._resolve(req, error=e)
+                        except Exception as e:  # noqa: BLE001  (this request fails or is retried; the batch goes on)
+                            self._recover(e, [req])
                             continue
                         if row is None:
                             continue
@@ -152,12 +192,36 @@ class HFBatchedServerManager:
                     if batch:
                         batch, kv, mask = self._step(batch, kv, mask)
             except Exception as e:  # noqa: BLE001  (fail these requests, keep serving)
-                for r in batch:
-                    self._resolve(r.req, error=e)
-                for req in admit:
-                    if not req.future.done():
-                        self._resolve(req, error=e)
+                reqs = [r.req for r in batch] + [q for q in admit if not q.future.done()]
                 batch, kv, mask = [], [], None
+                self._recover(e, reqs)
+
+    def _recover(self, e: BaseException, reqs: list[_Request]) -> None:
+        """After a failed step: out of memory -> drop the kept caches and ask each request again (once);
+        a device fault -> the engine is dead; anything else -> these requests fail."""
+        accel = getattr(torch, "AcceleratorError", None)
+        if isinstance(e, torch.OutOfMemoryError):
+            self.clear_cache()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            again = [q for q in reqs if not q.retried]
+            for q in again:
+                q.retried = True
+            self.stats["oom_retries"] += len(again)
+            with self._cond:
+                self._incoming.extendleft(reversed(again))
+            reqs = [q for q in reqs if q not in again]
+        elif accel is not None and isinstance(e, accel):
+            from train.inference import EngineDead
+
+            self._dead = f"the hf engine's device failed ({type(e).__name__}: {str(e).splitlines()[0]})"
+            self.clear_cache()
+            e = EngineDead(self._dead)
+            with self._cond:
+                reqs += list(self._incoming)
+                self._incoming.clear()
+        for q in reqs:
+            self._resolve(q, error=e)
 
     def _resolve(self, req: _Request, result=None, error: Optional[BaseException] = None) -> None:
         def done():
@@ -204,6 +268,8 @@ class HFBatchedServerManager:
         keep, kv = 0, []
         with self._kept_lock:
             kept = self._kept.pop(req.rid, None) if req.rid is not None else None
+            if kept is not None:
+                self.kept_bytes -= _nbytes(kept[1])
         if kept is not None:
             tokens, kv_all = kept
             n = 0
@@ -242,11 +308,19 @@ class HFBatchedServerManager:
         from verl.workers.rollout.replica import TokenOutput
 
         if row.req.rid is not None:
+            kv = _owned(kv)
+            size = _nbytes(kv)
             with self._kept_lock:
-                self._kept[row.req.rid] = (row.tokens, kv)
-                self._kept.move_to_end(row.req.rid)
-                while len(self._kept) > self.max_cached:
-                    self._kept.popitem(last=False)
+                old = self._kept.pop(row.req.rid, None)
+                if old is not None:
+                    self.kept_bytes -= _nbytes(old[1])
+                if size <= self.max_cached_bytes:
+                    self._kept[row.req.rid] = (row.tokens, kv)
+                    self.kept_bytes += size
+                while self._kept and (len(self._kept) > self.max_cached or self.kept_bytes > self.max_cached_bytes):
+                    _, (_, gone) = self._kept.popitem(last=False)
+                    self.kept_bytes -= _nbytes(gone)
+                    self.stats["evicted"] += 1
         self._resolve(row.req, TokenOutput(token_ids=list(row.generated),
                                            log_probs=list(row.logprobs) if row.want_logprobs else None,
                                            stop_reason="completed"))
@@ -300,6 +374,15 @@ class HFBatchedServerManager:
         """Forget every kept KV cache (after a weight update they belong to the old weights)."""
         with self._kept_lock:
             self._kept.clear()
+            self.kept_bytes = 0
+
+    def release(self, request_id) -> None:
+        """The trajectory ``request_id`` has ended: its kept cache is dropped (no later turn will use it)."""
+        with self._kept_lock:
+            kept = self._kept.pop(str(request_id), None)
+            if kept is not None:
+                self.kept_bytes -= _nbytes(kept[1])
+                self.stats["released"] += 1
 
     def describe(self) -> dict[str, Any]:
-        return dict(self.stats, kept=len(self._kept))
+        return dict(self.stats, kept=len(self._kept), kept_bytes=self.kept_bytes)
