@@ -10,7 +10,8 @@
 One thread owns the index. Concurrent requests put their queries on a queue; the batching
 thread takes up to ``max_batch`` queries (waiting at most ``max_wait_ms`` for more after the
 first arrives), runs one encoder call and one index search, and hands each request its rows. By default it never
-waits: whatever queued while the previous batch ran forms the next batch.
+waits: whatever queued while the previous batch ran forms the next batch. A query text is searched once per
+batch, and one asked before is answered from a bounded cache (``--cache-mb``; counters on ``/health``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class ServerConfig:
     # (no added latency at low load, large batches under load); > 0 also waits up to this long.
     max_wait_ms: float = 0.0
     request_timeout_s: float = 120.0
+    # Bytes of search results kept across batches by query text (ResultCache); 0 = none. The command line
+    # keeps 256 MiB (--cache-mb); the library default is off so that benchmarks measure searches.
+    cache_bytes: int = 0
 
 
 class SearchTimeout(Exception):
@@ -69,15 +73,76 @@ class _Job:
         self.failed = False
 
 
+class ResultCache:
+    """Search results kept by query text, least recently used out first, bounded in bytes.
+
+    An entry holds the rows of the deepest search done for that text (``k`` rows); a request for
+    ``topk <= k`` is served from its first ``topk`` rows, as a fresh search of depth ``k`` would be (the
+    batcher always searches a batch at its deepest ``topk`` and cuts each request's rows). One cache
+    serves one retriever: the app builds it with the batcher, so a server started on another index
+    starts empty. Used by the batching thread only, so it takes no lock; ``/health`` reads its counters."""
+
+    def __init__(self, max_bytes: int):
+        from collections import OrderedDict
+
+        self.max_bytes = max(0, int(max_bytes))
+        self._rows: OrderedDict[str, tuple[int, list, int]] = OrderedDict()  # text -> (k, rows, bytes)
+        self.bytes = 0
+        self.hits = self.misses = self.evictions = 0
+
+    @staticmethod
+    def size(query: str, rows: list) -> int:
+        """What an entry costs, counted as Python keeps it (the documents are parsed per search, so the
+        entry owns them): ~200 bytes of containers per entry and ~300 per row, plus the text."""
+        n = 200 + len(query.encode("utf-8", "replace"))
+        for doc, _ in rows:
+            n += 300 + sum(len(str(v)) for v in doc.values()) if isinstance(doc, dict) else 300
+        return n
+
+    def get(self, query: str, topk: int) -> Optional[list]:
+        entry = self._rows.get(query)
+        if entry is None or entry[0] < topk:
+            self.misses += 1
+            return None
+        self._rows.move_to_end(query)
+        self.hits += 1
+        return entry[1]
+
+    def put(self, query: str, k: int, rows: list) -> None:
+        if not self.max_bytes:
+            return
+        old = self._rows.pop(query, None)
+        if old is not None:
+            self.bytes -= old[2]
+        nbytes = self.size(query, rows)
+        if nbytes > self.max_bytes:
+            return
+        self._rows[query] = (k, rows, nbytes)
+        self.bytes += nbytes
+        while self.bytes > self.max_bytes:
+            _, (_, _, b) = self._rows.popitem(last=False)
+            self.bytes -= b
+            self.evictions += 1
+
+    def stats(self) -> dict:
+        return dict(entries=len(self._rows), bytes=self.bytes, max_bytes=self.max_bytes, hits=self.hits,
+                    misses=self.misses, evictions=self.evictions)
+
+
 class MicroBatcher:
     """Merges the queries of concurrent requests into one ``retriever.search`` call.
 
     Fair and bounded: each batch holds at most ``max_batch`` queries and ``max_batch_chars``
     characters, taken round-robin over the waiting requests, so one maximal request cannot hold the
     index while a one-query request waits. A batch that fails is retried request by request, so only
-    the request whose queries break the retriever gets the error."""
+    the request whose queries break the retriever gets the error.
 
-    def __init__(self, retriever, max_batch: int = 256, max_wait_ms: float = 0.0, max_batch_chars: int = 262144):
+    A query text is searched once per batch however many requests (or rows of one request) ask it, and
+    with ``cache_bytes`` > 0 a text searched before is answered from a :class:`ResultCache` without
+    touching the encoder or the index: the samples of one GRPO question often search the same words."""
+
+    def __init__(self, retriever, max_batch: int = 256, max_wait_ms: float = 0.0, max_batch_chars: int = 262144,
+                 cache_bytes: int = 0):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.retriever, self.max_batch, self.max_wait = retriever, max_batch, max_wait_ms / 1000.0
@@ -89,6 +154,8 @@ class MicroBatcher:
         self.batches = 0
         self.queries = 0
         self.largest_batch = 0
+        self.repeated_in_batch = 0  # query rows that shared another row's search in the same batch
+        self.cache = ResultCache(cache_bytes)
         self.error: Optional[str] = None  # why the batching thread died, if it did
         self._thread.start()
 
@@ -157,13 +224,25 @@ class MicroBatcher:
         return taken
 
     def _search(self, slices: list[tuple[_Job, int, int]]) -> None:
-        queries = [q for j, a, b in slices for q in j.queries[a:b]]
         k = max(j.topk for j, _, _ in slices)
+        rows: dict[str, list] = {}  # query text -> its rows, for this batch
+        unique: list[str] = []  # texts to search, each once, in first-asked order
+        for job, a, b in slices:
+            for q in job.queries[a:b]:
+                if q in rows:
+                    self.repeated_in_batch += 1
+                    continue
+                hit = self.cache.get(q, job.topk) if self.cache.max_bytes else None
+                if hit is not None:
+                    rows[q] = hit
+                else:
+                    rows[q] = None  # type: ignore[assignment]
+                    unique.append(q)
         try:
-            results = self.retriever.search(queries, k)
+            results = self.retriever.search(unique, k) if unique else []
         except Exception as e:  # noqa: BLE001
             if len({id(j) for j, _, _ in slices}) > 1:  # retry request by request: only the culprit fails
-                log.warning("a batch of %d queries failed (%s); retrying its requests one by one", len(queries), e)
+                log.warning("a batch of %d queries failed (%s); retrying its requests one by one", len(unique), e)
                 by_job: dict[int, list] = {}
                 for sl in slices:
                     by_job.setdefault(id(sl[0]), []).append(sl)
@@ -176,14 +255,18 @@ class MicroBatcher:
                 job.failed = True
                 job.future.set_exception(e)
             return
-        self.batches += 1
-        self.queries += len(queries)
-        self.largest_batch = max(self.largest_batch, len(queries))
-        pos = 0
+        if len(results) != len(unique):
+            raise RuntimeError(f"the retriever returned {len(results)} result lists for {len(unique)} queries")
+        for q, r in zip(unique, results):
+            rows[q] = r
+            self.cache.put(q, k, r)
+        if unique:
+            self.batches += 1
+        self.queries += len(unique)
+        self.largest_batch = max(self.largest_batch, len(unique))
         for job, a, b in slices:
             for i in range(a, b):
-                job.results[i] = results[pos][: job.topk]
-                pos += 1
+                job.results[i] = rows[job.queries[i]][: job.topk]
 
     def _finish(self) -> None:
         for job in [j for j in self._active if j.next >= len(j.queries)]:
@@ -264,7 +347,7 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
     cfg = config or ServerConfig()
     app = Flask("retrieval")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
-    batcher = MicroBatcher(retriever, cfg.max_batch, cfg.max_wait_ms, cfg.max_batch_chars)
+    batcher = MicroBatcher(retriever, cfg.max_batch, cfg.max_wait_ms, cfg.max_batch_chars, cfg.cache_bytes)
     app.batcher = batcher  # type: ignore[attr-defined]
     app.retrieval_config = cfg  # type: ignore[attr-defined]
     flight = {"n": 0}
@@ -304,7 +387,8 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
     @app.get("/health")
     def health():
         info = dict(passages=len(retriever.corpus), indexed=retriever.index.ntotal, kind=retriever.kind,
-                    batches=batcher.batches, queries=batcher.queries, largest_batch=batcher.largest_batch)
+                    batches=batcher.batches, queries=batcher.queries, largest_batch=batcher.largest_batch,
+                    repeated_in_batch=batcher.repeated_in_batch, cache=batcher.cache.stats())
         if not batcher.alive:
             return jsonify(status="error", error=f"the batching thread is not running ({batcher.error or 'stopped'})",
                            **info), 503
@@ -460,6 +544,9 @@ def main(argv=None) -> None:
     ap.add_argument("--gpu-workspace-mb", type=int, default=256,
                     help="with --gpu: search scratch per GPU in MiB (score blocks; bounds what torch's allocator "
                          "keeps beside a training job on the same GPU)")
+    ap.add_argument("--cache-mb", type=int, default=256,
+                    help="MiB of results kept by query text, so a query asked again (the samples of one GRPO "
+                         "question often search the same words) skips the encoder and the index; 0 = off")
     ap.add_argument("--mmap", action="store_true", help="memory-map an on-disk flat index")
     ap.add_argument("--device", default=None, help="encoder device (default: cuda if available)")
     args = ap.parse_args(argv)
@@ -469,6 +556,8 @@ def main(argv=None) -> None:
         ap.error("--topk must be between 1 and 100")
     if args.gpu_workspace_mb <= 0:
         ap.error(f"--gpu-workspace-mb must be > 0 (MiB of search scratch per GPU), got {args.gpu_workspace_mb}")
+    if args.cache_mb < 0:
+        ap.error(f"--cache-mb must be >= 0 (MiB of cached results; 0 = off), got {args.cache_mb}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from retrieval.corpus import CorpusError
     from retrieval.flat import FlatIndexError, UnsupportedGPU
@@ -480,7 +569,8 @@ def main(argv=None) -> None:
     except (CorpusError, IndexLoadError, FileNotFoundError, FlatIndexError, UnsupportedGPU) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
-    cfg = ServerConfig(default_topk=args.topk, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+    cfg = ServerConfig(default_topk=args.topk, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                       cache_bytes=args.cache_mb << 20)
     serve(create_app(retriever, cfg), args.host, args.port, args.threads)
 
 

@@ -210,3 +210,110 @@ def test_health_cli_for_launch_scripts(bm25_server):
 
     assert main([bm25_server.url]) == 0
     assert main([bm25_server.url + "/retrieve", "--wait", "1"]) == 0
+
+
+class _Counting:
+    """A real retriever that records what reaches its index (one list of query texts per search)."""
+
+    def __init__(self, retriever):
+        self.inner, self.searched = retriever, []
+        self.corpus, self.index, self.kind = retriever.corpus, retriever.index, retriever.kind
+
+    def search(self, queries, k):
+        self.searched.append(list(queries))
+        return self.inner.search(queries, k)
+
+
+def _stream(qa_path, n_questions=12, samples=5):
+    """GRPO-shaped requests: each question's samples search its words, some reworded, at topk 3 and 5."""
+    questions = [json.loads(line)["question"] for line in open(qa_path)][:n_questions]
+    reqs = []
+    for i, q in enumerate(questions):
+        for s in range(samples):
+            words = q if s % 2 == 0 else q.rstrip("?") + f" answer {s}"
+            reqs.append(([words, questions[(i + 1) % len(questions)]], 5 if s == 3 else 3))
+    reqs.append(([questions[0]] * 4 + [questions[1]], 5))  # repeats inside one request, deeper than before
+    return reqs
+
+
+def test_repeated_queries_are_searched_once_and_answer_as_an_uncached_server(bm25_index_dir, qa_path):
+    from retrieval.server import MicroBatcher
+
+    stream = _stream(qa_path)
+    plain, cached = _Counting(load_retriever(bm25_index_dir)), _Counting(load_retriever(bm25_index_dir))
+    a = MicroBatcher(plain, max_batch=256)
+    b = MicroBatcher(cached, max_batch=256, cache_bytes=8 << 20)
+    try:
+        for queries, topk in stream:  # one request at a time: every repeat is a repeat across batches
+            want = a.submit(queries, topk).result(timeout=60)
+            got = b.submit(queries, topk).result(timeout=60)
+            assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True), queries
+        plain_searched = sum(map(len, plain.searched))
+        # and many at once: repeats inside a batch share one search row
+        with ThreadPoolExecutor(8) as ex:
+            wants = list(ex.map(lambda r: a.submit(*r).result(timeout=60), stream))
+        fresh = _Counting(load_retriever(bm25_index_dir))
+        c = MicroBatcher(fresh, max_batch=256)
+        try:
+            with ThreadPoolExecutor(8) as ex:
+                gots = list(ex.map(lambda r: c.submit(*r).result(timeout=60), stream))
+        finally:
+            c.close()
+        assert json.dumps(gots, sort_keys=True) == json.dumps(wants, sort_keys=True)
+        assert all(len(set(batch)) == len(batch) for batch in fresh.searched)
+    finally:
+        a.close()
+        b.close()
+    asked = sum(len(q) for q, _ in stream)
+    distinct = len({q for qs, _ in stream for q in qs})
+    searched = sum(map(len, cached.searched))
+    assert plain_searched == asked - 3  # without a cache, only the request's own 4 copies of one text share a row
+    # each text is searched once, and again only when a deeper topk is asked than what was kept (once per
+    # question here: its neighbour's text, kept at 3, asked at 5 by sample 3)
+    assert distinct <= searched <= distinct + 12 and searched < asked / 2, (searched, distinct, asked)
+    stats = b.cache.stats()
+    assert stats["hits"] == asked - searched - b.repeated_in_batch and stats["evictions"] == 0, stats
+
+
+def test_the_result_cache_stays_within_its_bytes(bm25_index_dir, qa_path):
+    from retrieval.server import MicroBatcher
+
+    stream = _stream(qa_path, n_questions=30, samples=2)
+    counting = _Counting(load_retriever(bm25_index_dir))
+    b = MicroBatcher(counting, cache_bytes=20_000)
+    plain = MicroBatcher(load_retriever(bm25_index_dir))
+    try:
+        for _ in range(2):
+            for queries, topk in stream:
+                got = b.submit(queries, topk).result(timeout=60)
+                assert got == plain.submit(queries, topk).result(timeout=60)
+                stats = b.cache.stats()
+                assert 0 < stats["bytes"] <= 20_000, stats
+        assert stats["evictions"] > 0 and stats["hits"] > 0, stats
+        # a result bigger than the whole cache is served, not kept
+        tiny = MicroBatcher(load_retriever(bm25_index_dir), cache_bytes=100)
+        try:
+            assert tiny.submit(["Harvey Pekar"], 3).result(timeout=30)
+            assert tiny.cache.stats()["entries"] == 0
+        finally:
+            tiny.close()
+    finally:
+        b.close()
+        plain.close()
+
+
+def test_health_reports_the_cache_and_the_command_line_refuses_a_negative_size(bm25_index_dir, capsys):
+    from retrieval.server import main
+
+    srv = LiveServer(create_app(load_retriever(bm25_index_dir), ServerConfig(cache_bytes=1 << 20)), free_port())
+    try:
+        for _ in range(3):
+            assert httpx.post(f"{srv.url}/retrieve", json={"queries": ["Harvey Pekar", "Harvey Pekar"]}).status_code == 200
+        health = httpx.get(f"{srv.url}/health").json()
+        assert health["queries"] == 1 and health["repeated_in_batch"] == 3, health
+        assert health["cache"]["hits"] == 2 and health["cache"]["entries"] == 1, health
+    finally:
+        srv.close()
+    with pytest.raises(SystemExit) as e:
+        main(["--index", str(bm25_index_dir), "--cache-mb", "-1"])
+    assert e.value.code == 2 and "--cache-mb must be >= 0" in capsys.readouterr().err
