@@ -85,6 +85,17 @@ def test_k_searches_then_answer_exact_text_and_masks(tiny_tokenizer):
     e = out.extra_fields
     assert (e["num_searches"], e["num_valid_searches"], e["num_valid_actions"], e["num_invalid_actions"],
             e["num_gen_turns"], e["stop_reason"], e["search_failed"]) == (2, 2, 3, 0, 3, "answer", False)
+    assert e["search_queries"] == ["first q", "second q"]  # as sent (the protocol strips the tags' spaces)
+
+
+def test_repeated_query_shares_overall_and_within_a_question():
+    from train.main import repeated_query_shares
+
+    # question a: 2 samples, 4 searches, one repeat; question b: "x" again (a repeat across questions) and "y"
+    shares = repeated_query_shares([["x", "z"], ["x", "w"], ["x", "y"], None], ["a", "a", "b", "b"])
+    assert shares["search_r1/repeated_query_share"] == [pytest.approx(2 / 6)]
+    assert shares["search_r1/repeated_query_share_in_question"] == [pytest.approx(1 / 6)]
+    assert repeated_query_shares([[], None], ["a", "b"])["search_r1/repeated_query_share"] == [0.0]
 
 
 def test_invalid_action_then_max_turns(tiny_tokenizer):
@@ -96,6 +107,7 @@ def test_invalid_action_then_max_turns(tiny_tokenizer):
     e = out.extra_fields
     assert e["stop_reason"] == "max_turns" and e["num_invalid_actions"] == 1 and e["num_searches"] == 3
     assert e["num_valid_searches"] == 2 and e["num_gen_turns"] == 4 and sum(e["answer_mask"]) == 0
+    assert e["search_queries"] == ["q1", "q2"]  # the last generation's search is not sent
 
 
 def test_eval_rows_get_val_max_turns(tiny_tokenizer):

@@ -62,7 +62,8 @@ def test_steps_ran_with_llds_and_search_metrics(trained):
                   "actor/llds/logp_pos_a2", "actor/llds/logp_pos_a3"]  # max_turns 2: 3 generations
     for n, m in steps.items():
         for key in ("critic/score/mean", "actor/pg_loss", "actor/llds/penalty", "search_r1/searches",
-                    "search_r1/gen_turns", "search_r1/failed_searches", "actor/grad_norm", "actor/kl_loss",
+                    "search_r1/gen_turns", "search_r1/failed_searches", "search_r1/repeated_query_share",
+                    "search_r1/repeated_query_share_in_question", "actor/grad_norm", "actor/kl_loss",
                     "timing_s/ref", *fixed_keys):
             assert key in m, (n, key)
         assert not any("llds_raw" in k for k in m)  # sums and counts became ratios once per step

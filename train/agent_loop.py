@@ -237,6 +237,7 @@ class SearchR1AgentLoop(AgentLoopBase):
         answer_len = 0
         n_search = n_executed = n_failed = n_outage = n_invalid = n_answer = n_turns = n_eos_dropped = 0
         search_failed = False
+        sent: list[str] = []  # the queries sent to the retriever, as sent (search_r1/repeated_query_share)
         stop_reason = "max_turns"
         for turn in range(max_turns + 1):
             budget = self.response_length - len(response_ids)
@@ -280,6 +281,7 @@ class SearchR1AgentLoop(AgentLoopBase):
                 stop_reason = "length"
                 break
             if action.kind == "search":
+                sent.append(action.content[: self.search.max_query_chars])
                 obs, status = await self._observe(action.content)
                 search_failed |= status != "ok"
                 n_failed += int(status != "ok")
@@ -312,6 +314,7 @@ class SearchR1AgentLoop(AgentLoopBase):
             "num_gen_turns": n_turns,
             "stop_reason": stop_reason,
             "search_failed": search_failed,
+            "search_queries": sent,
         }
         return AgentLoopOutput(
             prompt_ids=prompt_ids,

@@ -81,7 +81,25 @@ def search_metrics(batch) -> dict[str, list[float]]:
         for reason, name in (("answer", "answered"), ("max_turns", "stopped_turn_cap"),
                              ("length", "stopped_length"), ("eos", "stopped_eos")):
             out[f"search_r1/{name}"] = [reasons.count(reason) / max(len(reasons), 1)]
+    if "search_queries" in nt:
+        out.update(repeated_query_shares(list(nt["search_queries"]), list(nt["uid"]) if "uid" in nt else None))
     return out
+
+
+def repeated_query_shares(queries: list, groups: list | None = None) -> dict[str, list[float]]:
+    """Of a step's searches, the share that repeats a query text sent before in the step
+    (``repeated_query_share``), and the share that repeats one of the same question's samples
+    (``repeated_query_share_in_question``; ``groups`` are the trajectories' uids). 0 without searches.
+    What the retriever's result cache and batch sharing can save (retrieval/server.py)."""
+    rows = [list(q or []) for q in queries]
+    sent = [q for r in rows for q in r]
+    by_question: dict = {}
+    for g, r in zip(groups if groups is not None else range(len(rows)), rows):
+        by_question.setdefault(g, []).extend(r)
+    within = sum(len(v) - len(set(v)) for v in by_question.values())
+    n = max(len(sent), 1)
+    return {"search_r1/repeated_query_share": [(len(sent) - len(set(sent))) / n],
+            "search_r1/repeated_query_share_in_question": [within / n]}
 
 
 STOP_FLAG = ".stop_requested"  # in trainer.default_local_dir: the driver got SIGTERM with trainer.save_on_sigterm
