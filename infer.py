@@ -21,13 +21,16 @@ import sys
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from train.errors import DataError, EngineDead, RetrieverDown, UserError, exit_on_error  # noqa: E402
+from train.inference.asker import check_asker_flags  # noqa: E402
+
 COLOURS = {"think": "\033[2m", "search": "\033[1;36m", "answer": "\033[1;32m", "obs": "\033[33m", "reset": "\033[0m"}
 
 
 def render(result, colour: bool) -> str:
     import re
 
-    from train import protocol
+    from train.search_r1 import protocol
 
     c = COLOURS if colour else {k: "" for k in COLOURS}
     lines = [f"{c['search']}Question:{c['reset']} {protocol.normalize_question(result.question)}"]
@@ -49,52 +52,40 @@ def render(result, colour: bool) -> str:
 
 
 def read_questions(path: str) -> list[dict]:
-    from train.data_prep import DataError, check_record, read_jsonl
+    from train.search_r1.dataset import check_record, read_jsonl
 
     if not os.path.isfile(path):
-        raise SystemExit(f"error: --file not found: {path}")
+        raise DataError(f"--file not found: {path}")
     rows = []
-    try:
-        for n, rec in read_jsonl(path):
-            q = rec.get("question")
-            if not isinstance(q, str) or not q.strip():
-                raise DataError(f"{path}:{n}: row has no question")
-            golds = check_record(rec, f"{path}:{n}")[1] if rec.get("golden_answers") else None
-            rows.append({"id": str(rec.get("id", n)), "question": q, "golden_answers": golds})
-    except DataError as e:
-        raise SystemExit(f"error: {e}")
+    for n, rec in read_jsonl(path):
+        q = rec.get("question")
+        if not isinstance(q, str) or not q.strip():
+            raise DataError(f"{path}:{n}: row has no question")
+        golds = check_record(rec, f"{path}:{n}")[1] if rec.get("golden_answers") else None
+        rows.append({"id": str(rec.get("id", n)), "question": q, "golden_answers": golds})
     return rows
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from train.inference import DEFAULT_MODEL
+    from train.inference.asker import add_asker_flags
+    from train.inference.backends import DEFAULT_MODEL
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python infer.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("question", nargs="?", help="the question (or use --file)")
     ap.add_argument("--file", help="FlashRAG-format jsonl of questions (id, question, golden_answers)")
     ap.add_argument("--out", help="with --file: output jsonl (default: <file>.answers.jsonl)")
     ap.add_argument("--model", default=DEFAULT_MODEL, help=f"local path or hub id (default {DEFAULT_MODEL})")
-    ap.add_argument("--backend", choices=["hf", "vllm"], default="hf")
-    ap.add_argument("--retriever-url", default="http://127.0.0.1:8000")
-    ap.add_argument("--index", help="index directory (or .index file) for an in-process retriever")
-    ap.add_argument("--corpus", help="corpus jsonl for --index without a manifest")
-    ap.add_argument("--max-turns", type=int, default=4)
-    ap.add_argument("--topk", type=int, default=3)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    ap.add_argument("--max-new-tokens", type=int, default=500, help="per turn")
-    ap.add_argument("--device", default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--concurrency", type=int, default=256, help="with --file: questions in flight (default 256)")
-    from train.inference import add_engine_flags
-
-    add_engine_flags(ap)
+    add_asker_flags(ap, concurrency_help="with --file: questions in flight (default %(default)s)")
     return ap
 
 
 async def _run(args, asker) -> int:
     from tqdm import tqdm
 
-    from train.reward import em, f1
+    from train.search_r1.reward import em, f1
 
     if not args.file:
         result = await asker.ask(args.question)
@@ -141,9 +132,9 @@ async def _run(args, asker) -> int:
         summary += f"; EM {sum(scored) / len(scored):.3f} over {len(scored)} questions with gold answers"
     print(summary)
     if failed:
-        print(f"error: {len(failed)} questions saw a failed search and were not written (e.g. id {failed[0]!r}); "
-              f"rerun the same command once the retriever answers: the answers above are kept", file=sys.stderr)
-        return 3
+        raise RetrieverDown(f"{len(failed)} questions saw a failed search and were not written (e.g. id "
+                            f"{failed[0]!r}); rerun the same command once the retriever answers: the answers above "
+                            f"are kept")
     return 0
 
 
@@ -163,7 +154,7 @@ def read_answers(path: str, rows: list[dict]) -> dict[str, dict]:
             if not isinstance(d, dict) or "id" not in d:
                 continue
             if d["id"] in questions and d.get("question") != questions[d["id"]]:
-                raise SystemExit(f"error: {path} holds answers to other questions (id {d['id']!r}: "
+                raise DataError(f"{path} holds answers to other questions (id {d['id']!r}: "
                                  f"{str(d.get('question'))[:80]!r}); pass another --out, or delete the file")
             done[str(d["id"])] = d
     tmp = path + ".tmp"
@@ -173,42 +164,25 @@ def read_answers(path: str, rows: list[dict]) -> dict[str, dict]:
     return done
 
 
+@exit_on_error
 def main(argv=None, generator=None) -> int:
-    """``generator`` (a server manager) replaces the model backend; tests pass a scripted one."""
+    """``generator`` (a server manager) replaces the model backend; tests pass a scripted one. Exit
+    status: 0 done, 2 bad input, 3 a question saw a failed search (not written), 4 the engine died."""
+    from train.inference.asker import build_asker
+
     ap = build_parser()
     args = ap.parse_args(argv)
-    from train.inference import (Asker, EngineDead, InferenceError, check_engine_flags, engine_settings,
-                                 load_tokenizer_and_check, make_generator, make_search_client)
-
-    check_engine_flags(ap, args)
-    if args.concurrency < 1:
-        ap.error("--concurrency must be >= 1")
-
+    check_asker_flags(ap, args)
     if bool(args.question) == bool(args.file):
-        print("error: give a question or --file (not both)", file=sys.stderr)
-        return 2
+        raise UserError("give a question or --file (not both)")
     if args.question is not None and not args.question.strip():
-        print("error: the question is empty", file=sys.stderr)
-        return 2
-    if args.topk < 1:
-        print("error: --topk must be >= 1", file=sys.stderr)
-        return 2
+        raise UserError("the question is empty")
     args.rows = read_questions(args.file) if args.file else None  # bad lines fail before any loading
     try:
-        tokenizer = getattr(generator, "tokenizer", None) or load_tokenizer_and_check(args.model)
-        client = make_search_client(args.retriever_url, args.corpus, args.index, topk=args.topk)
-        gen = generator or make_generator(args.model, args.backend, args.device, args.seed, vllm=engine_settings(args))
-        asker = Asker(gen, tokenizer, client, max_turns=args.max_turns, topk=args.topk,
-                      temperature=args.temperature, max_new_tokens=args.max_new_tokens, model_path=args.model,
-                      concurrency=args.concurrency)
+        asker = build_asker(args, generator, temperature=args.temperature, seed=args.seed)
         return asyncio.run(_run(args, asker))
     except EngineDead as e:
-        print(f"error: {e}; the answers written so far are kept: rerun the same command for the others",
-              file=sys.stderr)
-        return 4
-    except InferenceError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise EngineDead(f"{e}; the answers written so far are kept: rerun the same command for the others") from None
 
 
 if __name__ == "__main__":

@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import argparse
 import inspect
-from itertools import accumulate
 import math
 import random
 import sys
 import time
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -550,7 +550,8 @@ def gpu_check_rows(device: str, tokens: int, heads: int, kv_heads: int, head_dim
         rows.append({"check": f"(b) flex_attention, document mask: {what}, max |diff| vs (a)",
                      "value": f"{tb:.1f} ms, {d:.1e}{note}", "ok": d <= tol})
     except Exception as e:  # noqa: BLE001  (reported: flex is a candidate, not the presets' path)
-        rows.append({"check": "(b) flex_attention", "value": f"not run: {type(e).__name__}: {str(e).splitlines()[0][:100]}",
+        rows.append({"check": "(b) flex_attention",
+                     "value": f"not run: {type(e).__name__}: {str(e).splitlines()[0][:100]}",
                      "ok": None})
     return rows
 

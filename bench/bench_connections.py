@@ -12,7 +12,8 @@ Load: ``--idle`` connections that send nothing and ``--slow`` slowloris connecti
 trickled one byte every 2 s) are opened first; then a normal client sends one request a second for
 ``--seconds`` seconds. Printed: the normal client's successes and latency, how many idle connections
 the server had closed by the end, and (on a fresh server of the same kind) the time and bytes a
-300 MB body upload got in before the server answered (at most 20 s). Every loop is bounded in count and time; only 127.0.0.1 is contacted.
+300 MB body upload got in before the server answered (at most 20 s). Every loop is bounded in count and time;
+only 127.0.0.1 is contacted.
 """
 
 from __future__ import annotations

@@ -3,12 +3,12 @@
     python bench/bench_eval.py --parts hf_engine,engines [--questions 60] [--task runs/bench_learn]
 
 - ``hf_engine``: the agent loop (max_turns 4, 64 tokens per turn) over ``--questions`` questions with
-  ``model.generate`` one question at a time (train/hf_rollout.py, the hf backend before) against the
-  batched engine that keeps each trajectory's KV cache across turns (train/hf_engine.py), both with
+  ``model.generate`` one question at a time (train/inference/hf_generate.py, the hf backend before) against the
+  batched engine that keeps each trajectory's KV cache across turns (train/inference/hf_engine.py), both with
   every question in flight, rounds alternated (A B B A ...). Printed: questions/s, generated tokens/s,
   the ratio, and whether every trajectory is the same.
 - ``engines``: ``train.evaluate`` with 1 engine in this process against 2 engine processes
-  (train/engines.py), each the batched hf engine on the CPU (the cores split between them).
+  (train/evaluation/pool.py), each the batched hf engine on the CPU (the cores split between them).
   Printed: questions/s, the ratio, whether the tables and trajectories are the same.
 
 The policy is the learnable task's warm start (train/learnable.py; built into ``--task`` on first use,
@@ -35,7 +35,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def task_and_index(task: Path) -> tuple[Path, Path]:
     from retrieval.build import build_bm25
-    from train import learnable
+    from train.toy import learnable_task as learnable
 
     learnable.build(task, progress=True)
     index = task / "bench_bm25"
@@ -45,7 +45,7 @@ def task_and_index(task: Path) -> tuple[Path, Path]:
 
 
 def questions_of(task: Path, n: int) -> list[str]:
-    from train.evaluate import load_rows
+    from train.evaluation.results import load_rows
 
     rows = load_rows(str(task / "data" / "train.parquet"), None, None)
     return [r["question"] for r in rows[:n]]
@@ -54,9 +54,9 @@ def questions_of(task: Path, n: int) -> list[str]:
 def bench_hf_engine(model: Path, index: Path, questions: list[str], rounds: int) -> None:
     from retrieval.client import LocalRetrievalClient
     from retrieval.index import load_retriever
-    from train.hf_engine import HFBatchedServerManager
-    from train.hf_rollout import HFServerManager
-    from train.inference import Asker
+    from train.inference.asker import Asker
+    from train.inference.hf_engine import HFBatchedServerManager
+    from train.inference.hf_generate import HFServerManager
 
     old = HFServerManager.from_pretrained(str(model), device="cpu", seed=0)
     new = HFBatchedServerManager(old.model, old.tokenizer, "cpu", 0)
@@ -82,7 +82,7 @@ def bench_hf_engine(model: Path, index: Path, questions: list[str], rounds: int)
     turns = sum(r.searches for r in outputs["batched"]) / len(questions)
     print(f"\nhf backend, {len(questions)} questions ({turns:.2f} searches each, {tokens} generated tokens), "
           f"{rounds} rounds each, best round:")
-    print(f"| engine | s | questions/s | generated tokens/s |\n| --- | ---: | ---: | ---: |")
+    print("| engine | s | questions/s | generated tokens/s |\n| --- | ---: | ---: | ---: |")
     for name in ("generate", "batched"):
         best = min(times[name])
         print(f"| {name} | {best:.2f} | {len(questions) / best:.2f} | {tokens / best:.1f} |")
@@ -91,7 +91,9 @@ def bench_hf_engine(model: Path, index: Path, questions: list[str], rounds: int)
 
 
 def bench_engines(model: Path, index: Path, task: Path, n: int) -> None:
-    from train.evaluate import build_parser, load_rows, macro_em, run_model
+    from train.evaluation.options import build_parser
+    from train.evaluation.results import load_rows, macro_em
+    from train.evaluation.runner import run_model
 
     rows = load_rows(str(task / "data" / "train.parquet"), None, None)[:n]
     results = {}
@@ -110,7 +112,7 @@ def bench_engines(model: Path, index: Path, task: Path, n: int) -> None:
     for e, (wall, stats, res) in results.items():
         print(f"| {e} | {wall:.1f} | {stats['asked'] / stats['wall_s']:.2f} | "
               f"{stats['generated_tokens'] / stats['wall_s']:.1f} | {macro_em(res)[1]:.3f} |")
-    (w1, s1, r1), (w2, s2, r2) = results[1], results[2]
+    (_, s1, r1), (_, s2, r2) = results[1], results[2]
     same = {d["uid"]: d["trajectory"] for d in r1} == {d["uid"]: d["trajectory"] for d in r2}
     print(f"questions/s ratio (2 / 1 engines): {(s2['asked'] / s2['wall_s']) / (s1['asked'] / s1['wall_s']):.2f}; "
           f"same trajectories: {same}")

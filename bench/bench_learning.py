@@ -5,7 +5,8 @@
     python bench/bench_learning.py --variants flipped zero_off --seeds 0     # must not learn
 
 Builds the task and its warm start once (``--task``; an identical finished build is reused), serves its BM25 index,
-then runs (or reuses, when ``OUT/<variant>/seed<N>`` already holds a complete run) ``configs/cpu_learn.yaml`` for ``--steps`` steps per (variant, seed), one run at a time
+then runs (or reuses, when ``OUT/<variant>/seed<N>`` already holds a complete run) ``train/configs/cpu_learn.yaml``
+for ``--steps`` steps per (variant, seed), one run at a time
 (two CPU runs at once slow each other down badly). Prints, per run, the mean reward of the first and
 last ``--window`` steps and the rise; per variant, the mean, spread and minimum of the rise. Each
 variant's per-step mean over seeds goes to ``OUT/<variant>/metrics.jsonl``, and one set of PNGs
@@ -30,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from train import learnable  # noqa: E402
+from train.toy import learnable_task as learnable  # noqa: E402
 
 SABOTAGE = str(ROOT / "tests" / "sabotage.py")
 VARIANTS = {
@@ -64,7 +65,7 @@ def serve(index: Path, port: int, log: Path) -> subprocess.Popen:
 def finished(run_dir: Path, spec: dict):
     """The metrics of a run already complete in ``run_dir`` with the same settings (``run.json``,
     written when it finished) and all its training steps, else None."""
-    from train.plot import read_metrics
+    from train.trainer.metrics_file import read_metrics
 
     try:
         if json.loads((run_dir / "run.json").read_text()) != spec:
@@ -146,7 +147,8 @@ def main(argv=None) -> None:
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
         print(f"{variant:<10} n={len(values)}  mean {statistics.fmean(values):+.3f}  sd {sd:.3f}  "
               f"min {min(values):+.3f}  max {max(values):+.3f}")
-    from train.plot import plot_runs, read_metrics
+    from train.trainer.metrics_file import read_metrics
+    from train.trainer.plots import plot_runs
 
     names = list(rises)
     for path in plot_runs([read_metrics(out / v) for v in names], names, out / "plots"):

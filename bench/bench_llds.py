@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.verl_layout import actor_config, jagged_log_probs, make_batch, padded_response_log_probs, to_micro_batches  # noqa: E402
-from train.loss import LLDSConfig, llds_ppo_loss  # noqa: E402
+from train.llds.loss import LLDSConfig, llds_ppo_loss  # noqa: E402
 
 
 def timeit(fn, reps):
@@ -43,7 +43,7 @@ def timeit(fn, reps):
 def update_step_bench(args):
     from transformers import AutoModelForCausalLM
 
-    from train.tiny import build_tiny_model
+    from train.toy.tiny_model import build_tiny_model
 
     h, L = args.hidden_size, args.layers
     path = build_tiny_model(Path(tempfile.gettempdir()) / f"bench_qwen2_h{h}_l{L}", ROOT / "data" / "corpus.jsonl",
@@ -118,7 +118,7 @@ def loss_only_bench(args):
 
 def breakdown_bench(args):
     """The LLDS math alone (no verl): penalty + gate forward/backward, and the diagnostics."""
-    from train.llds import llds_penalty_and_gate, llds_stats, merge_stats
+    from train.llds.penalty import llds_penalty_and_gate, llds_stats, merge_stats
 
     B, T = args.B, args.T
     g = torch.Generator().manual_seed(0)

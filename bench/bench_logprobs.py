@@ -1,5 +1,5 @@
 """Per-token log-probs from packed logits (not a test): verl 0.9.1's fallback without flash-attn
-(``logprobs_from_logits_v2``, a Python loop over tokens) against ``train.logprobs.chunked_logprobs``
+(``logprobs_from_logits_v2``, a Python loop over tokens) against ``train.workers.logprobs.chunked_logprobs``
 (what every preset's path uses), same process, same inputs; forward + backward, as in the actor update.
 
     python bench/bench_logprobs.py                                   # CPU: 1k, 2k, 4k tokens, fp32 and bf16
@@ -28,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from train.logprobs import MAX_ELEMS, chunked_logprobs  # noqa: E402
+from train.workers.logprobs import MAX_ELEMS, chunked_logprobs  # noqa: E402
 
 VOCAB = 151936
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -117,7 +117,8 @@ def main(argv=None) -> int:
         return 0
     cuda = args.device.startswith("cuda")
     print(f"device {args.device}, vocab {VOCAB}, forward + backward, median of {args.reps}")
-    print("| dtype | tokens | verl loop s | chunked s | ratio verl/chunked | aten ops verl | aten ops chunked | same, GPU chunking "
+    print("| dtype | tokens | verl loop s | chunked s | ratio verl/chunked | aten ops verl | aten ops chunked "
+          "| same, GPU chunking "
           "| max abs diff logp | max abs diff grad | peak verl GiB | peak chunked GiB |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for dtype in args.dtypes:
@@ -154,7 +155,8 @@ def main(argv=None) -> int:
                 peaks = {name: peak_child(name, dtype, tokens) for name in IMPLS}
             fmt = lambda name: f"{peaks[name]:.2f}" if name in peaks else "-"
             print(f"| {dtype} | {tokens} | {times['verl']:.3f} | {times['chunked']:.3f} | "
-                  f"{times['verl'] / times['chunked']:.2f} | {ops['verl']} | {ops['chunked']} | {ops['gpu']} | {dlogp:.1e} | {dgrad:.1e} | {fmt('verl')} | "
+                  f"{times['verl'] / times['chunked']:.2f} | {ops['verl']} | {ops['chunked']} | {ops['gpu']} | "
+                  f"{dlogp:.1e} | {dgrad:.1e} | {fmt('verl')} | "
                   f"{fmt('chunked')} |", flush=True)
             del logits, labels, grad
     return 0

@@ -9,7 +9,8 @@ bundled corpus (built on first use under runs/bench/minilm): ``--questions`` que
 samples, one query per request (as the rollouts send them), the samples of a question in flight
 together. Of each question's samples, the first asks the question's own text, ``share`` of them
 (rounded) ask it again and the others a wording of their own, so a share of 0 has no repeats at all
-(the cost of the cache's bookkeeping); the table prints the share the stream really has. For each share it serves the same stream with ``--cache-mb 0`` and with the cache (256
+(the cost of the cache's bookkeeping); the table prints the share the stream really has. For each share it serves
+the same stream with ``--cache-mb 0`` and with the cache (256
 MiB), each on a fresh server in this process, the load generator in a child process, and prints
 queries/s, p50 and p99 latency and the ratio, with the rows that reached the index (``/health``).
 Within-batch sharing is on in both: it is not a setting.

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.run import busy_since, cpu_times  # noqa: E402
 
-IMPORTS = "import verl.workers.engine_workers, train.agent_loop"
+IMPORTS = "import verl.workers.engine_workers, train.search_r1.agent_loop"
 
 
 def bench_imports(repeats: int = 3) -> None:
@@ -121,7 +121,7 @@ def bench_concurrency(work: Path) -> None:
     from retrieval.build import build_bm25
     from retrieval.client import wait_healthy
     from train.data_prep import main as prep
-    from train.tiny import build_tiny_model
+    from train.toy.tiny_model import build_tiny_model
 
     model = build_tiny_model(work / "model", ROOT / "data" / "corpus.jsonl")
     prep(["--out", str(work / "data"), "--local", str(ROOT / "data" / "qa.jsonl"), "--holdout", "10"])

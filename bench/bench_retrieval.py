@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,7 +89,8 @@ def _load(url: str, n_clients: int, requests_each: int, qs: list[str]) -> dict:
         t.join()
     wall = time.perf_counter() - t0
     lat.sort()
-    return {"qps": len(lat) / wall, "p50": lat[len(lat) // 2] * 1e3, "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3}
+    return {"qps": len(lat) / wall, "p50": lat[len(lat) // 2] * 1e3,
+            "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3}
 
 
 def serve(retriever, max_batch: int):
@@ -122,7 +121,8 @@ def part_concurrency_and_encoder(args, parts):
         app.batcher.close()
     if "concurrency" in parts:
         print("\n## concurrency (bundled corpus, dense MiniLM, single-query requests)")
-        print(f"{'clients':>8} | {'on: QPS':>9} {'p50 ms':>8} {'p99 ms':>8} | {'off: QPS':>9} {'p50 ms':>8} {'p99 ms':>8} | {'QPS x':>6} {'p99 x':>6}")
+        print(f"{'clients':>8} | {'on: QPS':>9} {'p50 ms':>8} {'p99 ms':>8} | "
+              f"{'off: QPS':>9} {'p50 ms':>8} {'p99 ms':>8} | {'QPS x':>6} {'p99 x':>6}")
         for n in args.clients:
             a, b = results[("batching on", n)], results[("batching off", n)]
             print(f"{n:>8} | {a['qps']:>9.1f} {a['p50']:>8.1f} {a['p99']:>8.1f} | {b['qps']:>9.1f} {b['p50']:>8.1f} "
@@ -140,7 +140,8 @@ def part_concurrency_and_encoder(args, parts):
         srv_qps = results[("batching on", top)]["qps"]
         print("\n## encoder limit")
         print(f"encoder-only query throughput at batch 256: {enc_qps:.1f} q/s")
-        print(f"server at {top} clients (batching on): {srv_qps:.1f} q/s = {srv_qps / enc_qps:.2f} of the encoder limit")
+        print(f"server at {top} clients (batching on): {srv_qps:.1f} q/s = "
+              f"{srv_qps / enc_qps:.2f} of the encoder limit")
 
 
 def part_scale(args):
@@ -155,7 +156,8 @@ def part_scale(args):
     x = centers[rng.integers(0, 1024, n)] + 0.5 * rng.standard_normal((n, d)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     q = x[rng.choice(n, 640, replace=False)] + 0.05 * rng.standard_normal((640, d)).astype(np.float32)
-    print(f"\n## index scale: {n:,} synthetic {d}-d vectors, 640 queries in batches of 64, k=3, {faiss.omp_get_max_threads()} threads")
+    print(f"\n## index scale: {n:,} synthetic {d}-d vectors, 640 queries in batches of 64, k=3, "
+          f"{faiss.omp_get_max_threads()} threads")
     nlist = max(64, int(4 * np.sqrt(n)))
     rows = []
     truth = None
@@ -198,7 +200,7 @@ def part_build(args):
         m = json.loads((Path(out) / "manifest.json").read_text())
         # the streaming loop (read, encode, memmap write, checkpoint) as timed by the builder itself
         res[limit] = (limit / m["encode_seconds"], int(r.stdout.strip().splitlines()[-1]) / 1024)
-    print(f"\n## index build (dense MiniLM, CPU)")
+    print("\n## index build (dense MiniLM, CPU)")
     print(f"encoder-only: {enc_ps:.1f} passages/s ({n} passages, same process)")
     for limit, (ps, rss) in res.items():
         print(f"build of {limit:>5} passages: {ps:.1f} passages/s (streaming loop) "

@@ -3,7 +3,7 @@ token-in/token-out, and time. Runs in .venv-vllm (`make test-vllm` builds it).
 
     .venv-vllm/bin/python bench/bench_vllm_rollout.py [--model DIR] [--questions 64]
 
-Both generators run the same agent loop (train/agent_loop.py, max_turns 2, 96 tokens per turn,
+Both generators run the same agent loop (train/search_r1/agent_loop.py, max_turns 2, 96 tokens per turn,
 temperature 1, top_p 1) on the same bundled questions against a BM25 server on 127.0.0.1, one after
 the other in this process. Without ``--model`` a tiny Qwen2 is built and warm-started on the
 Search-R1 format (train.tiny, 600 steps) so that it writes search and answer tags. Printed per
@@ -45,10 +45,8 @@ class Recorder:
 
 
 def check(tokenizer, rec: Recorder, outputs) -> dict:
-    from train import protocol
-    from train.agent_loop import cut_after_stop
-
-    from train.agent_loop import end_of_turn_ids
+    from train.search_r1 import protocol
+    from train.search_r1.agent_loop import cut_after_stop, end_of_turn_ids
 
     eos = end_of_turn_ids(tokenizer)
     stats = {"calls": len(rec.calls), "ended_on_tag": 0, "kept_past_tag": 0, "decoded_past_tag": 0, "mismatch": 0,
@@ -83,8 +81,8 @@ def check(tokenizer, rec: Recorder, outputs) -> dict:
 
 
 async def run_all(gen, tokenizer, questions, search_client, concurrency: int):
-    from train import protocol
-    from train.agent_loop import standalone_loop
+    from train.search_r1 import protocol
+    from train.search_r1.agent_loop import standalone_loop
 
     sem = asyncio.Semaphore(concurrency)
 
@@ -109,8 +107,8 @@ def main() -> None:
     from retrieval.client import RetrievalClient
     from retrieval.index import load_retriever
     from retrieval.server import ServerConfig, create_app, make_server
-    from train.hf_rollout import HFServerManager
-    from train.inference import VLLMServerManager
+    from train.inference.backends import VLLMServerManager
+    from train.inference.hf_generate import HFServerManager
 
     tmp = Path(tempfile.mkdtemp())
     model = args.model

@@ -5,18 +5,18 @@
 
 Parts (``--parts`` picks some):
   fork       torch.cuda.is_available() then fork: the child's CUDA fails (the mechanism that killed vLLM's
-             EngineCore); train.cuda_probe then fork: it works; and the evaluator's own path up to the
+             EngineCore); train.inference.cuda_probe then fork: it works; and the evaluator's own path up to the
              engine's construction leaves CUDA untouched (a stand-in vllm records it, as tests do)
   hf_kv      the hf engine on a tiny Qwen2: every kept cache owns exactly its rows' storage, the kept bytes
              stay under the bound, and GPU memory returns to the model's once the trajectories are released
   flat       retrieval/flat.py with fp16 shards against exact fp32 search (ids, order, scores; q/s)
-  logprobs   train/logprobs.py's chunked log-probs against verl's formula at 8k/16k tokens (time, peak memory)
+  logprobs   train/workers/logprobs.py's chunked log-probs against verl's formula at 8k/16k tokens (time, peak memory)
   attention  packed attention at 16,384 tokens: SDPA with the dense block-diagonal mask vs the document-aware
              path (bench/bench_attention.py), agreement and time per pass
   critic     the PPO critic's model build (train/value_model.load_value_model, SDPA) on a packed batch: values
              equal separate forwards
 It prints one table and exits 1 on any mismatch. verl is not needed: where it is missing, the one class
-the hf engine returns (verl's TokenOutput) and the two base classes train/value_model.py subclasses are
+the hf engine returns (verl's TokenOutput) and the two base classes train/workers/value_model.py subclasses are
 replaced by stand-ins (the critic check exercises the model build, not verl's engine around it).
 """
 
@@ -96,7 +96,7 @@ def stand_in_verl() -> bool:
 
 
 def tiny_model(work: Path, hidden: int = 256, layers: int = 2, heads: int = 4) -> Path:
-    from train.tiny import build_tiny_model
+    from train.toy.tiny_model import build_tiny_model
 
     return build_tiny_model(work / f"tiny_{hidden}_{layers}_{heads}", ROOT / "data" / "corpus.jsonl",
                             hidden_size=hidden, layers=layers, heads=heads)
@@ -140,7 +140,8 @@ def write_stand_in_vllm(folder: Path, *, cpu: bool, engine_body: str, preamble: 
         f"class _Platform:\n    def is_cpu(self):\n        return {bool(cpu)}\n\n\ncurrent_platform = _Platform()\n")
     body = textwrap.indent(textwrap.dedent(engine_body).strip(), " " * 8)
     (folder / "vllm" / "__init__.py").write_text(
-        f"{textwrap.dedent(preamble)}\n\nclass AsyncEngineArgs:\n    def __init__(self, **kw):\n        self.kw = kw\n\n\n"
+        f"{textwrap.dedent(preamble)}\n\nclass AsyncEngineArgs:\n"
+        "    def __init__(self, **kw):\n        self.kw = kw\n\n\n"
         f"class AsyncLLMEngine:\n    @staticmethod\n    def from_engine_args(args):\n{body}\n")
     return folder
 
@@ -151,7 +152,7 @@ def part_fork(rep: Report, device: str, work: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
     for label, probe, want in (("is_available() then fork: child CUDA", "torch.cuda.is_available()", 3),
                                ("cuda_probe.gpu_count() then fork: child CUDA",
-                                "from train.cuda_probe import gpu_count; gpu_count()", 0)):
+                                "from train.inference.cuda_probe import gpu_count; gpu_count()", 0)):
         code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\nimport torch\n{fork_source(touch)}\n{probe}\n"
                 "sys.exit(fork_and_touch())\n")
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -161,9 +162,11 @@ def part_fork(rep: Report, device: str, work: Path) -> None:
             rep.add("fork", label, "fails: " + (r.stderr.strip().splitlines() or ["?"])[-1][:70] if r.returncode
                     else "works (this driver/torch does not poison fork)", None)
         else:
-            rep.add("fork", label, "works" if r.returncode == 0 else f"fails: {r.stderr.strip()[-120:]}", r.returncode == 0)
+            rep.add("fork", label, "works" if r.returncode == 0 else f"fails: {r.stderr.strip()[-120:]}",
+                    r.returncode == 0)
     # The evaluator's path, up to the engine: a stand-in vllm forks a child that uses CUDA, as EngineCore does.
-    fakes = write_stand_in_vllm(work / "fake_vllm", cpu=not cuda, preamble="import os\nimport torch\n" + fork_source(touch),
+    fakes = write_stand_in_vllm(work / "fake_vllm", cpu=not cuda,
+                                preamble="import os\nimport torch\n" + fork_source(touch),
                                 engine_body="""
         import torch
         print("ENGINE", fork_and_touch(), torch.cuda.is_initialized(), os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))
@@ -172,9 +175,11 @@ def part_fork(rep: Report, device: str, work: Path) -> None:
     model = tiny_model(work, hidden=64)
     code = (f"import sys; sys.path[:0] = [{str(fakes)!r}, {str(ROOT)!r}]\nfrom pathlib import Path\n"
             "from train import evaluate\n"
-            f"args = evaluate.build_parser().parse_args(['--model', {str(model)!r}, '--data', 'x', '--backend', 'vllm', "
+            "from train.evaluation import options as eval_options, runner as eval_runner\n"
+            f"args = eval_options.build_parser().parse_args(['--model', {str(model)!r}, '--data', 'x', "
+            "'--backend', 'vllm', "
             "'--method', 'direct'])\n"
-            f"evaluate.run_model(args, args.model, [], Path({str(work / 'o.jsonl')!r}))\n")
+            f"eval_runner.run_model(args, args.model, [], Path({str(work / 'o.jsonl')!r}))\n")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("ENGINE")), "")
     parts = line.split()
@@ -190,7 +195,7 @@ def part_hf_kv(rep: Report, device: str, work: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from train.hf_engine import HFBatchedServerManager
+    from train.inference.hf_engine import HFBatchedServerManager
 
     path = tiny_model(work, hidden=256, layers=2, heads=4)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -216,21 +221,22 @@ def part_hf_kv(rep: Report, device: str, work: Path) -> None:
     dt = time.perf_counter() - t0
     bad = 0
     own_total = 0
-    for _, (tokens, kv) in eng._kept.items():
+    for _, (tokens, kv) in eng.cache.items():
         for k, v in kv:
             for t in (k, v):
                 own = t.numel() * t.element_size()
                 own_total += own
                 bad += int(t.untyped_storage().nbytes() != own or t.shape[0] != 1 or t.shape[2] != len(tokens))
-    rep.add("hf_kv", f"{len(eng._kept)} kept caches own exactly their rows", f"{bad} tensors hold more", bad == 0)
+    rep.add("hf_kv", f"{len(eng.cache)} kept caches own exactly their rows", f"{bad} tensors hold more", bad == 0)
     rep.add("hf_kv", "kept bytes within the bound", f"{eng.kept_bytes / 2**20:.1f} of {bound / 2**20:.0f} MiB",
             eng.kept_bytes == own_total and eng.kept_bytes <= bound)
     if cuda:
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated() - base
-        rep.add("hf_kv", "GPU memory held with the caches kept", f"{held / 2**20:.1f} MiB (kept {own_total / 2**20:.1f})",
+        rep.add("hf_kv", "GPU memory held with the caches kept",
+                f"{held / 2**20:.1f} MiB (kept {own_total / 2**20:.1f})",
                 held <= own_total + (8 << 20))
-    for rid in list(eng._kept):
+    for rid in list(eng.cache):
         eng.release(rid)
     if cuda:
         torch.cuda.synchronize()
@@ -276,7 +282,8 @@ def part_flat(rep: Report, device: str, work: Path, n: int, d: int = 768, querie
     # a differing id is acceptable only as a tie (equal fp32 scores in both)
     ties = (~same) & (abs(s - ref_s) <= 1e-5 * abs(ref_s).max())
     rep.add("flat", f"top-{k} ids and order vs exact fp32 ({n:,} x {d})",
-            f"{same.mean() * 100:.3f}% identical, {int((~same & ~ties).sum())} real differences", bool((same | ties).all()))
+            f"{same.mean() * 100:.3f}% identical, {int((~same & ~ties).sum())} real differences",
+            bool((same | ties).all()))
     err = float(abs(s - ref_s).max())
     rep.add("flat", "max |score - fp32 score|", f"{err:.2e}", err <= 1e-3)
     reps = 5
@@ -285,7 +292,8 @@ def part_flat(rep: Report, device: str, work: Path, n: int, d: int = 768, querie
     for _ in range(reps):
         index.search(q, k)
     sync(device)
-    rep.add("flat", f"throughput, batches of {queries}", f"{reps * queries / (time.perf_counter() - t0):,.0f} q/s", None)
+    rep.add("flat", f"throughput, batches of {queries}", f"{reps * queries / (time.perf_counter() - t0):,.0f} q/s",
+            None)
 
 
 # -- logprobs -------------------------------------------------------------------------------------------
@@ -293,7 +301,7 @@ def part_flat(rep: Report, device: str, work: Path, n: int, d: int = 768, querie
 def part_logprobs(rep: Report, device: str, tokens_list, vocab: int) -> None:
     import torch
 
-    from train.logprobs import chunked_logprobs
+    from train.workers.logprobs import chunked_logprobs
 
     cuda = device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -326,7 +334,8 @@ def part_logprobs(rep: Report, device: str, tokens_list, vocab: int) -> None:
         rep.add("logprobs", f"{tokens:,} tokens x {vocab:,}: max |diff| log-prob / grad", f"{err:.1e} / {gerr:.1e}",
                 err <= tol and gerr <= tol)
         mem = f", peak {pb:.2f} vs {pa:.2f} GiB" if cuda else ""
-        rep.add("logprobs", f"{tokens:,} tokens: fwd+bwd time chunked vs formula", f"{tb * 1e3:.0f} vs {ta * 1e3:.0f} ms{mem}",
+        rep.add("logprobs", f"{tokens:,} tokens: fwd+bwd time chunked vs formula",
+                f"{tb * 1e3:.0f} vs {ta * 1e3:.0f} ms{mem}",
                 None)
 
 
@@ -345,7 +354,7 @@ def part_critic(rep: Report, device: str, work: Path) -> None:
     import torch
     from transformers import AutoConfig
 
-    from train import value_model
+    from train.workers import value_model
 
     path = tiny_model(work, hidden=128, layers=2, heads=4)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

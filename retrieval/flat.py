@@ -217,7 +217,8 @@ class TorchFlatIndex:
         n = len(vectors)
         bounds = np.linspace(0, n, len(devices) + 1).astype(np.int64)
         shards = []
-        bar = tqdm(total=n, unit="vec", unit_scale=True, desc=f"loading {Path(path).name} onto {len(devices)} device(s)",
+        bar = tqdm(total=n, unit="vec", unit_scale=True,
+                   desc=f"loading {Path(path).name} onto {len(devices)} device(s)",
                    disable=not progress)
         for dev, lo, hi in zip(devices, bounds[:-1], bounds[1:]):
             dt = dtype or (torch.float16 if dev.startswith("cuda") else torch.float32)

@@ -257,7 +257,8 @@ def read_manifest(index_dir: str | os.PathLike) -> dict:
     try:
         m = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
-        raise IndexLoadError(f"{path} is not valid JSON ({e}); rebuild the index with `python -m retrieval.build`") from None
+        raise IndexLoadError(
+            f"{path} is not valid JSON ({e}); rebuild the index with `python -m retrieval.build`") from None
     missing = [k for k in ("kind", "count", "corpus") if not isinstance(m, dict) or k not in m]
     if missing:
         raise IndexLoadError(f"{path} lacks {missing}; rebuild the index with `python -m retrieval.build`")

@@ -30,10 +30,9 @@ from typing import Optional
 from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-log = logging.getLogger("retrieval.server")
+from retrieval.client import MAX_QUERY_CHARS  # the server's default limit (the agent loop caps queries to it)
 
-#: Longest query the server accepts by default (the client caps queries to it: see retrieval.client).
-MAX_QUERY_CHARS = 4096
+log = logging.getLogger("retrieval.server")
 
 
 @dataclass

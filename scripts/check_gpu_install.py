@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from retrieval.cuda_arch import runs_on  # noqa: E402  (standard library only)
+
 EXPECTED = {"torch": "2.11.0", "vllm": "0.24.0"}
 TRANSFORMERS_RANGE = ((5, 5, 3), (5, 11, 0))  # verl 0.9.1: >=5.5.3, <5.11 (and != 5.6.0)
 REQUIRED_ARCHS = ("sm_80", "sm_90")  # A100; H100 / H200
@@ -68,7 +69,7 @@ def url_of(report: dict, name: str) -> str | None:
 def preset_attention() -> set[str]:
     """The attention backends the presets name (``attn_implementation: X`` lines outside comments)."""
     found = set()
-    for path in sorted((ROOT / "configs").rglob("*.yaml")):
+    for path in sorted((ROOT / "train" / "configs").rglob("*.yaml")):
         for line in path.read_text().splitlines():
             m = re.match(r"\s*attn_implementation:\s*([A-Za-z0-9_]+)", line.split("#", 1)[0])
             if m:
@@ -154,7 +155,8 @@ def arch_key(arch: str) -> tuple[int, str]:
 def check_archs(archs: set[str], required=REQUIRED_ARCHS) -> list[str]:
     missing = [need for need in required
                if not runs_on((int(need[3:-1]), int(need[-1])), sorted(archs))]
-    return [f"the resolved torch has no GPU code for {', '.join(missing)} (it has {' '.join(sorted(archs, key=arch_key))}"
+    return [f"the resolved torch has no GPU code for {', '.join(missing)} "
+            f"(it has {' '.join(sorted(archs, key=arch_key))}"
             f"): training and GPU search would fail there with 'no kernel image is available'"] if missing else []
 
 

@@ -68,7 +68,7 @@ grep "WARNING: LLD alarm" "$RUN/train.log" || echo "collapse alarm: quiet (no LL
 "$PY" scripts/step_metrics.py "$RUN/train.log"
 
 echo "== 5. resume from the step-$STEPS checkpoint for 1 step, merge, evaluate, ask $(elapsed)"
-# the same metrics file: the resumed run keeps steps 1-$STEPS and appends (train/metrics_file.py)
+# the same metrics file: the resumed run keeps steps 1-$STEPS and appends (train/trainer/metrics_file.py)
 VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$RUN/metrics.jsonl" "$PY" -m train.main "${TRAIN[@]}" \
   trainer.total_training_steps=$((STEPS + 1)) trainer.save_freq=$((STEPS + 1)) trainer.resume_mode=auto \
   trainer.val_before_train=false > "$RUN/train_resume.log" 2>&1 || { tail -40 "$RUN/train_resume.log"; exit 1; }

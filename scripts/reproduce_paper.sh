@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole reproduction of one row of the paper's table; each stage skips what is already done.
 #   MODEL=Qwen/Qwen2.5-3B-Instruct PRESET=grpo_llds bash scripts/reproduce_paper.sh [hydra overrides...]
-# MODEL and PRESET pick the row of data/paper_results.json, the checkpoint step the paper evaluated
+# MODEL and PRESET pick the row of train/evaluation/paper_results.json, the checkpoint step the paper evaluated
 # and LLDS's lambda from one table (train/paper_runs.py: 7B-Instruct lambda 0.3, else 0.2; step 650
 # 3B-Ins, 600 3B-Base, 450 7B-Base, 650 7B-Ins). Baseline rows (grpo, ppo) are "the best checkpoint
 # before collapse": without STEP the run keeps every checkpoint, each is evaluated on the validation
@@ -21,7 +21,7 @@ if RUN=$("$PY" -m train.paper_runs "$MODEL" "$PRESET" 2>/tmp/paper_runs.$$); the
   eval "$RUN"
 elif [ -z "$USER_ROW" ]; then  # a model the table does not know: PAPER_ROW says which row
   cat /tmp/paper_runs.$$ >&2; rm -f /tmp/paper_runs.$$
-  echo "  (another model, e.g. a local one: set PAPER_ROW=<row of data/paper_results.json>, and STEP=<step>" >&2
+  echo "  (another model, e.g. a local one: set PAPER_ROW=<row of train/evaluation/paper_results.json>, and STEP=<step>" >&2
   echo "   unless the best checkpoint is wanted)" >&2
   exit 2
 fi

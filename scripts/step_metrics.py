@@ -78,7 +78,7 @@ def main(paths):
     print("step " + " ".join(f"{short:>10}" for _, short in KEYS))
     for n in sorted(steps):
         print(f"{n:>4} " + " ".join(f"{steps[n][k]:>10.4g}" if k in steps[n] else f"{'':>10}" for k, _ in KEYS))
-    from train.learnable import reward_rise
+    from train.toy.learnable_task import reward_rise
 
     if sum("critic/score/mean" in m for m in steps.values()) >= 2 * WINDOW:
         r = reward_rise(steps, WINDOW)

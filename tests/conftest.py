@@ -25,7 +25,20 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+#: when this test session started: what a test starts after it and leaves running is ours (tests/leftovers.py)
+SESSION_START = time.time()
+
+
+#: fixtures that cost minutes (the learnable task's warm start and its training run): their users are slow
+SLOW_FIXTURES = {"learn_task", "learn_run", "learn_bm25_index", "learn_server"}
+
+
 def pytest_collection_modifyitems(config, items):
+    # the check that nothing of ours is left runs after every other test
+    items.sort(key=lambda item: item.get_closest_marker("last") is not None)
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     try:
         import torch
 
@@ -51,7 +64,7 @@ def qa_path() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, corpus_path) -> Path:
     """A 2-layer random Qwen2 + byte-level BPE trained on the bundled corpus (built once)."""
-    from train.tiny import build_tiny_model
+    from train.toy.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), corpus_path)
 
@@ -141,6 +154,11 @@ def stop_ray_processes(match: str) -> int:
                 killed += 1
             except ProcessLookupError:
                 pass
+    # `ray start --head` recorded this cluster's address in /tmp/ray/ray_current_cluster (`ray stop` would
+    # remove it): a later address-less ray.init() on this machine would try to join the dead cluster
+    from tests.leftovers import forget_ray_address
+
+    forget_ray_address(match)
     return killed
 
 
@@ -181,7 +199,7 @@ def bm25_server(bm25_index_dir):
 def learn_task(tmp_path_factory) -> Path:
     """The learnable task with its warm start (train/learnable.py; a few minutes, built once): a tiny
     policy that searches and answers, for the runs that need real searches."""
-    from train import learnable
+    from train.toy import learnable_task as learnable
 
     # LEARN_TASK_DIR: a folder to build it in once and reuse across sessions (build() reuses a task
     # built with the same settings); by default a fresh temporary one
@@ -191,24 +209,24 @@ def learn_task(tmp_path_factory) -> Path:
     return out
 
 
-#: The learning run (tests/test_learning_on_cpu.py): steps, seed, a checkpoint every SAVE_EVERY steps.
+#: The learning run (tests/toy/test_learning_on_cpu.py): steps, seed, a checkpoint every SAVE_EVERY steps.
 LEARN_STEPS, LEARN_SEED, LEARN_SAVE_EVERY = 10, 0, 5
 
 
 @pytest.fixture(scope="session")
 def learn_run(learn_task, learn_bm25_index, tmp_path_factory):
-    """``(run_dir, {step: metrics})`` of one GRPO + LLDS run on the learnable task (configs/cpu_learn.yaml
+    """``(run_dir, {step: metrics})`` of one GRPO + LLDS run on the learnable task (train/configs/cpu_learn.yaml
     from the warm start, 2 ranks; about 3 min): the learning test reads its curve, the per-checkpoint
     evaluation its checkpoints (``run_dir/checkpoints/global_step_{5,10}``), the outage test
-    (tests/test_fault_runs_on_cpu.py) ``run_dir/outage.json`` and its log. Its retriever is a real
+    (tests/trainer/test_fault_runs_on_cpu.py) ``run_dir/outage.json`` and its log. Its retriever is a real
     process behind :class:`KillingFront`, which SIGKILLs it at search 20 of the last step and starts it
     again 20 s later: the step is redone once the retriever answers (the same policy, resampled), so
     the curve is a healthy run's, and the run pays for the outage test without a training start-up
     of its own."""
     import json
 
-    from train import learnable
-    from train.plot import read_metrics
+    from train.toy import learnable_task as learnable
+    from train.trainer.metrics_file import read_metrics
 
     run = tmp_path_factory.mktemp("learn_run") / "run"
     run.mkdir(parents=True)

@@ -53,11 +53,11 @@ def test_evaluate_limit(capsys):
 
 def test_new_flags_and_config_keys(capsys, tmp_path, qa_path):
     """Flags and config keys added for the GPU first run, the released-run settings and robustness."""
-    from train.agent_loop import SearchConfig
     from train.data_prep import main as prep
     from train.evaluate import main as evaluate
     from train.geometry import main as geometry
-    from train.loss import LLDSConfig
+    from train.llds.loss import LLDSConfig
+    from train.search_r1.config import SearchConfig
 
     fails(prep, ["--out", str(tmp_path), "--local", str(qa_path), "--val-per-source", "-1"], capsys,
           "--val-per-source")
@@ -73,7 +73,8 @@ def test_evaluate_refuses_to_resume_onto_other_data(tmp_path, qa_path, capsys, t
     import json
 
     from train.data_prep import main as prep
-    from train.evaluate import load_rows, main
+    from train.evaluate import main
+    from train.evaluation.results import load_rows
 
     class NeverCalled:
         tokenizer = tiny_tokenizer
@@ -96,9 +97,9 @@ def test_fault_handling_flags_and_keys(capsys, tmp_path):
     import sys
     from pathlib import Path
 
-    from train.agent_loop import SearchConfig
     from train.evaluate import main as evaluate
     from train.geometry import main as geometry
+    from train.search_r1.config import SearchConfig
 
     fails(evaluate, ["--model", "m", "--data", "x", "--max-failure-rate", "1.5"], capsys, "--max-failure-rate")
     with pytest.raises(ValueError, match="search_r1.outage_wait_s must be >= 0"):

@@ -16,16 +16,17 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from hydra import compose, initialize_config_dir
 
-from tests.test_agent_loop_on_cpu import QUESTION, FakeSearch, Scripted, run
-from train import preflight
-from train.main import CONFIG_DIR, check_config
+from tests.search_r1.test_agent_loop_on_cpu import QUESTION, FakeSearch, Scripted, run
+from train import CONFIG_DIR
+from train.trainer import preflight
+from train.trainer.config_checks import check_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ["grpo", "grpo_llds", "grpo_llds_r", "grpo_llds_ma", "ppo"]
@@ -90,7 +91,8 @@ def test_exactly_one_faiss_per_install_path():
     for name, reqs in project["optional-dependencies"].items():
         assert faiss(reqs) == [], name
     env = (ROOT / "environment.yml").read_text()
-    assert "faiss" not in [line.strip(" -").split("=")[0] for line in env.splitlines() if not line.strip().startswith("#")]
+    assert "faiss" not in [line.strip(" -").split("=")[0] for line in env.splitlines()
+                           if not line.strip().startswith("#")]
     assert "-e .[gpu,lucene,dev]" in env
     assert "'.[dev,lucene]'" in (ROOT / "Makefile").read_text()
 
@@ -185,7 +187,7 @@ class RejectingSearch(FakeSearch):
 
 
 def test_rejected_search_is_a_failure_observation_not_a_crash(tiny_tokenizer):
-    from train import protocol as P
+    from train.search_r1 import protocol as P
 
     search = RejectingSearch()
     out, _ = run(tiny_tokenizer, ["<search> bad query </search>", "<search> fine </search>",
@@ -206,7 +208,8 @@ def test_long_query_is_capped_to_what_the_server_accepts(tiny_tokenizer, bm25_se
 
 
 def test_failure_rate_abort():
-    from train.agent_loop import SearchConfig, check_failure_rate
+    from train.search_r1.config import SearchConfig
+    from train.search_r1.rollout_manager import check_failure_rate
 
     check_failure_rate(10, 5, 0.5, "http://h:8000/retrieve")  # at the threshold: go on
     check_failure_rate(0, 0, 0.5, "u")
@@ -223,7 +226,7 @@ def test_manager_aborts_a_step_of_failed_searches(tiny_tokenizer):
     import numpy as np
     from omegaconf import OmegaConf
 
-    from train.agent_loop import SearchR1AgentLoopManager
+    from train.search_r1.rollout_manager import SearchR1AgentLoopManager
 
     class Out:
         def __init__(self, failed, valid):
@@ -328,7 +331,7 @@ def test_driver_preflight_names_the_driver_requirement():
 def test_generation_config_eos_ids_end_a_turn(tmp_path, tiny_model_dir, tiny_tokenizer):
     from transformers import GenerationConfig
 
-    from train.agent_loop import end_of_turn_ids
+    from train.search_r1.agent_loop import end_of_turn_ids
 
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model_dir)
@@ -344,13 +347,13 @@ def test_generation_config_eos_ids_end_a_turn(tmp_path, tiny_model_dir, tiny_tok
             return out
 
     async def go(path):
-        loop_ = __import__("train.agent_loop", fromlist=["standalone_loop"]).standalone_loop(
+        loop_ = __import__("train.search_r1.agent_loop", fromlist=["standalone_loop"]).standalone_loop(
             tiny_tokenizer, EndsWithOther(tiny_tokenizer, ["I am done.", "more", "more", "more", "more"]),
             search_client=FakeSearch(), model_path=path)
         return await loop_.run({"temperature": 1.0}, raw_prompt=QUESTION)
 
     # recognised as an end of turn: an invalid turn's EOS is dropped and the trajectory goes on
-    # (train/agent_loop.py), and the last generation ends with it
+    # (train/search_r1/agent_loop.py), and the last generation ends with it
     out = asyncio.run(go(str(model_dir)))
     assert out.extra_fields["num_eos_dropped"] == 3 and out.extra_fields["stop_reason"] == "eos"
     # with the tokenizer's EOS only, <|endoftext|> is just another token
@@ -382,7 +385,7 @@ def test_validation_sample_is_stratified_and_used_by_presets(tmp_path, qa_path, 
 # 12. checkpoint retention ----------------------------------------------------------------------------
 
 def test_checkpoint_pruning_keeps_recent_and_evaluated_steps(tmp_path, tiny_model_dir):
-    from train import checkpoints
+    from train.trainer import checkpoint_store as checkpoints
 
     for s in (50, 100, 150, 200, 250, 300):
         (tmp_path / f"global_step_{s}" / "actor").mkdir(parents=True)
@@ -402,8 +405,9 @@ def test_checkpoint_pruning_keeps_recent_and_evaluated_steps(tmp_path, tiny_mode
 # 13. evaluation concurrency --------------------------------------------------------------------------
 
 def test_evaluator_keeps_many_questions_in_flight_and_builds_loops_lazily(tmp_path, tiny_tokenizer, monkeypatch):
-    from train import agent_loop, evaluate
-    from train.inference import Asker
+    from train.evaluation import runner as eval_runner
+    from train.inference.asker import Asker
+    from train.search_r1 import agent_loop
 
     state = {"in_flight": 0, "peak": 0, "loops": 0}
 
@@ -436,7 +440,7 @@ def test_evaluator_keeps_many_questions_in_flight_and_builds_loops_lazily(tmp_pa
         return r
 
     asker.ask = ask
-    results = asyncio.run(evaluate.evaluate(rows, asker, tmp_path / "out.jsonl"))
+    results = asyncio.run(eval_runner.evaluate(rows, asker, tmp_path / "out.jsonl"))
     assert len(results) == 120 and all(r["em"] == 1.0 for r in results)
     assert state["peak"] == 40
     assert Asker(Slow(), tiny_tokenizer, FakeSearch()).concurrency == 256
@@ -471,7 +475,8 @@ def test_batches_can_reach_max_batch_beyond_64_requests():
     def one(i):
         with httpx.Client(timeout=60) as c:
             barrier.wait(30)
-            assert c.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": [f"q{i}"], "topk": 1}).status_code == 200
+            assert c.post(f"http://127.0.0.1:{port}/retrieve",
+                          json={"queries": [f"q{i}"], "topk": 1}).status_code == 200
 
     try:
         httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["warm"]}, timeout=30)
@@ -490,7 +495,7 @@ def test_batches_can_reach_max_batch_beyond_64_requests():
 def test_wandb_mode_reaches_ray_workers_through_the_runtime_env(tiny_model_dir, monkeypatch):
     from omegaconf import OmegaConf
 
-    from train.main import forward_env_to_ray
+    from train.trainer.ray_setup import forward_env_to_ray
 
     cfg = load("grpo_llds", tiny_model_dir)
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -1,5 +1,5 @@
 """The README's journeys run as a user types them, on the bundled data and a tiny model, with the one
-CPU switch (``REHEARSAL=cpu``, configs/rehearsal/cpu.yaml) and nothing else changed but paths and ports:
+CPU switch (``REHEARSAL=cpu``, train/configs/rehearsal/cpu.yaml) and nothing else changed but paths and ports:
 ``retrieval_launch.sh`` (BM25 and MiniLM), every ``scripts/train_*.sh`` launcher for a step (``train_ppo.sh``:
 tests/test_rehearsal_on_cpu.py), ``scripts/evaluate.sh``, ``infer.py --file`` and
 ``scripts/reproduce_paper.sh`` end to end (a local model, so ``PAPER_ROW`` names the row; the best step
@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from train import checkpoints
+from train.trainer import checkpoint_store as checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -104,7 +104,7 @@ def test_retrieval_launch_serves_bm25_and_minilm(journey, small_corpus):
 
 def answer_recall(url: str, qa_path: Path, k: int = 3) -> float:
     """Share of the bundled questions with a gold answer in the top-k passages (normalised text)."""
-    from train.protocol import normalize_answer
+    from train.search_r1.protocol import normalize_answer
 
     rows = [json.loads(line) for line in qa_path.read_text().splitlines()]
     hit = 0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from train import preflight
+from train.trainer import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"  # no Python with this project on it

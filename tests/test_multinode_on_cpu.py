@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from train import checkpoints
+from train.trainer import checkpoint_store as checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 # RFC 2544's benchmarking range: addresses of this test's own two hosts, inside namespaces it makes
@@ -112,7 +112,7 @@ def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, tiny_model_di
         assert checkpoints.problems(str(tmp_path / "ckpt" / "global_step_2")) == []
         # the metrics file is on the shared checkpoint folder (not the job's temporary working dir) and
         # the resumed job appended to it
-        from train.plot import read_metrics
+        from train.trainer.metrics_file import read_metrics
 
         steps = read_metrics(tmp_path / "ckpt" / "metrics.jsonl")
         assert [s for s in sorted(steps) if "critic/score/mean" in steps[s]] == [1, 2], sorted(steps)

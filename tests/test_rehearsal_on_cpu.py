@@ -12,8 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from train import rehearsal, settings
-from train.main import CONFIG_DIR
+from train import CONFIG_DIR, rehearsal, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -40,14 +39,17 @@ def test_rehearsal_changes_only_the_documented_keys(preset):
     shipped = composed(preset, base)
     rehearsed = composed(preset, base + rehearsal.overrides(preset).copy() + ["+rehearsal=cpu"])
     changed = sorted(k for k in set(shipped) | set(rehearsed) if shipped.get(k) != rehearsed.get(k))
-    undocumented = [f"{k}: {shipped.get(k)!r} -> {rehearsed.get(k)!r}" for k in changed if not rehearsal.is_documented(k)]
-    assert not undocumented, "the rehearsal changes settings train/rehearsal.py does not list:\n" + "\n".join(undocumented)
+    undocumented = [f"{k}: {shipped.get(k)!r} -> {rehearsed.get(k)!r}" for k in changed
+                    if not rehearsal.is_documented(k)]
+    assert not undocumented, ("the rehearsal changes settings train/rehearsal.py does not list:\n"
+                              + "\n".join(undocumented))
     # what must stay the preset's
-    for key in ("actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.top_p", "actor_rollout_ref.actor.clip_ratio_c",
+    for key in ("actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.top_p",
+                "actor_rollout_ref.actor.clip_ratio_c",
                 "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.use_dynamic_bsz", "search_r1.max_turns",
                 "llds.enable", "trainer.test_freq", "trainer.save_freq", "trainer.logger", "algorithm.adv_estimator"):
         assert shipped.get(key) == rehearsed.get(key), key
-    # the preset's FSDP2 (configs/_base.yaml), not one the rehearsal forces: CI trains, saves and merges
+    # the preset's FSDP2 (train/configs/_base.yaml), not one the rehearsal forces: CI trains, saves and merges
     # checkpoints through the engine a GPU run uses
     for key in ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.fsdp_config.strategy",
                 "actor_rollout_ref.ref.strategy", "actor_rollout_ref.ref.fsdp_config.strategy", "critic.strategy",
@@ -79,7 +81,7 @@ def test_critic_honours_the_configured_attention(tiny_model_dir):
     from verl.utils.model import load_valuehead_model
     from verl.workers.engine.base import EngineRegistry
 
-    from train import value_model
+    from train.workers import value_model
 
     cfg = AutoConfig.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
     cfg.num_labels = 1

@@ -1,6 +1,34 @@
-"""Search-R1 + LLDS on verl 0.9.1: protocol, agent loop, reward, LLDS loss, entry point."""
+"""Search-R1 + LLDS on verl 0.9.1.
 
-import os
+Files directly in ``train/`` are the commands (``python -m train.<name>``) and ``plugin.py`` (verl's
+entry point); the subpackages hold the pipeline, one concern each, and import one way:
 
-#: the presets (configs/*.yaml): here, so that reading them needs no verl import (train.main imports verl)
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    errors  <-  search_r1, llds  <-  workers  <-  cpu, inference  <-  trainer  <-  evaluation, toy  <-  commands
+
+- ``search_r1/``   the task: the text protocol, search settings, the agent loop, the rollout manager,
+                   the reward, dataset rows
+- ``llds/``        the method: the penalty (pure torch), the actor loss, the collapse alarm
+- ``workers/``     verl components swapped inside workers: value model, critic worker, log-prob kernel
+- ``cpu/``         verl on CPU: platform, worker, the hf rollout (vllm.general_plugins entry point)
+- ``inference/``   answering outside training: the asker and its flags, backends, the hf engine and
+                   its KV cache, the ``model.generate`` reference
+- ``trainer/``     driving verl's trainer: task runner, trainer class, config checks, Ray set-up,
+                   preflight, checkpoint store, metrics file, batch geometry, graceful stop
+- ``evaluation/``  the paper's table: options, results file, report, runner, engine pool and worker,
+                   checkpoint sweep
+- ``toy/``         the tiny offline policy and the learnable task (tests, demo, bench)
+- ``configs/``     the presets (Hydra), shipped inside the package
+
+Nothing here imports verl or torch: reading a path costs nothing.
+"""
+
+from pathlib import Path
+
+#: the package folder; its parent is the source checkout (or site-packages in an installed wheel)
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent
+#: the presets (train/configs/*.yaml), inside the package so that an installed wheel has them
+CONFIG_DIR = str(PACKAGE_DIR / "configs")
+#: the bundled data of a source checkout (corpus.jsonl, qa.jsonl): not in a wheel; commands that default
+#: to it say so when it is absent
+DATA_DIR = REPO_ROOT / "data"

@@ -1,5 +1,5 @@
-"""The paper's runs, keyed by model and preset: which row of ``data/paper_results.json`` a run
-reproduces, the checkpoint step the paper evaluated, and LLDS's lambda.
+"""python -m train.paper_runs: the paper's runs, keyed by model and preset: which row of
+``train/evaluation/paper_results.json`` a run reproduces, the checkpoint step the paper evaluated, and LLDS's lambda.
 
 Sources (arXiv 2512.04220 v2, App. B.2.1, and the released code's hydra evaluation logs): lambda is 0.2
 for every model except Qwen2.5-7B-Instruct (0.3); the evaluated checkpoint is step 650 for 3B-Instruct,
@@ -15,10 +15,9 @@ import argparse
 import json
 import shlex
 import sys
-from pathlib import Path
 from typing import Optional
 
-PAPER_RESULTS = Path(__file__).resolve().parent.parent / "data" / "paper_results.json"
+from train.evaluation.report import PAPER_RESULTS
 
 #: Hub name -> (row prefix in paper_results.json, evaluated step for the LLDS runs, lambda)
 MODELS = {

@@ -2,7 +2,7 @@
 process (driver, task runner, workers, agent-loop workers), which registers our extensions.
 
 - always: the ``search_r1`` agent loop and the ``hf`` rollout (used only when a config names them), and
-  the chunked log-prob kernel in place of verl's per-token loop (:mod:`train.logprobs`);
+  the chunked log-prob kernel in place of verl's per-token loop (:mod:`train.workers.logprobs`);
 - with ``VERL_PLATFORM=cpu`` only: the CPU platform and verl's FSDP engine for the cpu device;
 - ``SEARCH_R1_PLUGINS``: a comma-separated list of modules (``pkg.mod``) or files (``path/to/x.py``)
   imported in every process too, e.g. to register a policy loss with verl's ``register_policy_loss``
@@ -10,7 +10,7 @@ process (driver, task runner, workers, agent-loop workers), which registers our 
   ``train.main`` imports them first in the driver (a bad name fails there, with its error) and
   forwards the variable to the Ray workers.
 
-verl swallows errors raised here (logged at DEBUG), so ``tests/test_plugin_on_cpu.py`` checks in
+verl swallows errors raised here (logged at DEBUG), so ``tests/trainer/test_plugin_on_cpu.py`` checks in
 a fresh process that the registrations really happened.
 """
 
@@ -19,8 +19,10 @@ import importlib.util
 import os
 import sys
 
-from train import agent_loop, cpu, logprobs
-from train.cpu import rollout as _hf_rollout
+from train import cpu
+from train.cpu import hf_rollout as _hf_rollout
+from train.search_r1 import agent_loop
+from train.workers import logprobs
 
 PLUGINS_ENV = "SEARCH_R1_PLUGINS"
 

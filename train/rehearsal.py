@@ -1,6 +1,6 @@
-"""The CPU rehearsal of the training launchers: ``REHEARSAL=cpu bash scripts/train_llds.sh``.
+"""python -m train.rehearsal: The CPU rehearsal of the training launchers: ``REHEARSAL=cpu bash scripts/train_llds.sh``.
 
-The shipped preset, plus ``configs/rehearsal/cpu.yaml`` (composed after it as ``+rehearsal=cpu``),
+The shipped preset, plus ``train/configs/rehearsal/cpu.yaml`` (composed after it as ``+rehearsal=cpu``),
 plus the batch sizes this module prints. Only what a CPU machine and a tiny model force changes
 (:data:`CHANGES`); updates per rollout batch, samples per prompt, KL, clipping, top_p, turns,
 token packing, LLDS, validation cadence, checkpointing and logging stay the preset's.
@@ -16,7 +16,7 @@ import argparse
 import sys
 
 #: every key the rehearsal may change, and why (prefix match on the dotted key). The FSDP strategy is not
-#: one: the presets use FSDP2 on every platform (configs/_base.yaml), so CI's rehearsal runs theirs.
+#: one: the presets use FSDP2 on every platform (train/configs/_base.yaml), so CI's rehearsal runs theirs.
 CHANGES = {
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32 weights",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.": "fp32 compute: the hf rollout samples in fp32",

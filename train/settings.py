@@ -1,8 +1,8 @@
-"""Every training, rollout, retrieval and evaluation setting of the presets beside the paper's value
-and the released code's, as one table (the README's "Settings: paper, released code, this project").
+"""python -m train.settings: every training, rollout, retrieval and evaluation setting of the presets beside the
+paper's value and the released code's, as one table (the README's "Settings: paper, released code, this project").
 
 Each row names the config key it describes and the value each preset must have;
-``tests/test_settings_on_cpu.py`` composes every preset and checks it against the table, and checks
+``tests/trainer/test_settings_on_cpu.py`` composes every preset and checks it against the table, and checks
 that the README holds the table as :func:`markdown` renders it. A change to a preset, or to a verl
 default a preset inherits, cannot silently diverge from what the README says.
 
@@ -79,10 +79,12 @@ ROWS: list[Row] = [
         {"*": 1.0e-5}, "critic used by ppo only; warm-up 0.015"),
     Row("training", "trainer attention", "n/a", "flash-attn 2 (verl 0.1 default)",
         "actor_rollout_ref.model.override_config.attn_implementation", {"*": "sdpa"},
-        "no flash-attn wheel on PyPI; SDPA on packed batches, micro-batches <= 8,192 tokens (a dense mask costs the pack's square)"),
+        "no flash-attn wheel on PyPI; SDPA on packed batches, micro-batches <= 8,192 tokens "
+        "(a dense mask costs the pack's square)"),
     Row("training", "FSDP strategy", "n/a", "FSDP1 (verl 0.1)", "actor_rollout_ref.actor.strategy", {"*": "fsdp2"},
         "actor, reference model and critic; the same on CPU and GPU"),
-    Row("training", "compute precision", "not stated", "bf16 forward/backward, fp32 weights and reduction (verl 0.1 FSDP default)",
+    Row("training", "compute precision", "not stated",
+        "bf16 forward/backward, fp32 weights and reduction (verl 0.1 FSDP default)",
         "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", {"*": "bf16"},
         "fp32 weights, reduction and buffers; ref the same; CPU configs: fp32 throughout (the hf rollout's precision)"),
     Row("training", "LLDS", "LLDS rows", "no_reduce_lambda > 0", "llds.enable", _llds(True, False)),
@@ -111,7 +113,8 @@ ROWS: list[Row] = [
     Row("rollout", "prompt length", "2048", "max_start_length 2048", "data.max_prompt_length", {"*": 2048}),
     Row("rollout", "stop", "at </search> or </answer>", "none: decodes to EOS or 500 tokens, then cuts", None,
         note="stop strings in the engine; token ids kept as generated"),
-    Row("rollout", "invalid turn ending in EOS", "not stated", "message appended, continues (EOS lost in re-tokenising)",
+    Row("rollout", "invalid turn ending in EOS", "not stated",
+        "message appended, continues (EOS lost in re-tokenising)",
         None, note="message appended, continues; the EOS is dropped"),
     # retrieval
     Row("retrieval", "passages per search", "3", "3", "search_r1.topk", {"*": 3}),
@@ -138,8 +141,8 @@ def value(cfg, key: str) -> Any:
         return cfg.data.train_batch_size // actor.ppo_mini_batch_size * actor.ppo_epochs
     block = key.split(".", 1)[0]
     if block in ("llds", "search_r1"):  # our blocks: the values the code uses, defaults included
-        from train.agent_loop import SearchConfig
-        from train.loss import LLDSConfig
+        from train.llds.loss import LLDSConfig
+        from train.search_r1.config import SearchConfig
 
         raw = OmegaConf.to_container(cfg.get(block) or {}, resolve=True)
         if block == "llds":

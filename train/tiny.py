@@ -1,4 +1,4 @@
-"""A tiny, real, offline policy: a 2-layer Qwen2 with a byte-level BPE trained on a corpus.
+"""python -m train.tiny: a tiny, real, offline policy: a 2-layer Qwen2 with a byte-level BPE trained on a corpus.
 
 Used by the tests, the benchmarks and the learnable task (:mod:`train.learnable`, whose warm start
 is :func:`sft_protocol` on its own trajectories); no hub download anywhere. ``python -m train.tiny
@@ -11,178 +11,22 @@ sometimes searches. On the bundled Wikipedia QA it stays a toy that rarely answe
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import sys
 from pathlib import Path
-from typing import Iterable, Iterator
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+from train import DATA_DIR
+from train.errors import DataError, exit_on_error
+from train.toy.tiny_model import build_tiny_model, protocol_trajectories, sft_protocol
 
 
-def _corpus_texts(corpus: Path, limit: int) -> Iterator[str]:
-    from train import protocol
-
-    # The protocol text (prompt, tags, messages) so the tokenizer covers it well.
-    yield protocol.PROMPT_TEMPLATE + protocol.INVALID_ACTION_MESSAGE
-    yield "<think> </think> <search> </search> <information> </information> <answer> </answer>"
-    with open(corpus, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if i >= limit:
-                break
-            yield json.loads(line)["contents"]
-
-
-def build_tokenizer(corpus: Path, vocab_size: int = 1024, limit: int = 2000, texts: Iterable[str] | None = None):
-    """Byte-level BPE trained on the first ``limit`` passages of ``corpus`` (or on ``texts``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts if texts is not None else _corpus_texts(corpus, limit), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-def build_tiny_model(out_dir: str | os.PathLike, corpus: str | os.PathLike, *, seed: int = 0,
-                     hidden_size: int = 64, layers: int = 2, heads: int = 2, vocab_size: int = 1024,
-                     tokenizer_texts: Iterable[str] | None = None) -> Path:
-    """Write a tiny random Qwen2ForCausalLM plus its tokenizer to ``out_dir`` and return it.
-    The tokenizer is trained on ``corpus`` unless ``tokenizer_texts`` are given."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    out = Path(out_dir)
-    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(Path(corpus), vocab_size=vocab_size, texts=tokenizer_texts)
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.pad_token_id,
-    )
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-def protocol_trajectories(qa: Path, corpus: Path, limit: int = 400,
-                          count_tokens=None, obs_tokens: int = 48) -> list[tuple[str, list[tuple[str, bool]]]]:
-    """(question, [(text, trained?)...]) pairs: search with the question, read the gold passage,
-    answer with the gold answer. Built from the bundled QA and corpus (gold_doc_ids)."""
-    from train import protocol
-
-    with open(corpus, encoding="utf-8") as f:
-        contents = [json.loads(line)["contents"] for line in f]
-    out = []
-    with open(qa, encoding="utf-8") as f:
-        for line in f:
-            rec = json.loads(line)
-            docs = [contents[int(i)] for i in rec.get("metadata", {}).get("gold_doc_ids", [])[:1]]
-            if not docs:
-                continue
-            q = rec["question"].strip()
-            out.append((q, [
-                (f"<think> I need to search. </think><search> {q} </search>", True),
-                (protocol.format_observation(docs, max_tokens=obs_tokens, count_tokens=count_tokens)
-                 if count_tokens else protocol.format_observation(docs), False),
-                (f"<think> I found it. </think><answer> {rec['golden_answers'][0]} </answer>", True),
-            ]))
-            if len(out) >= limit:
-                break
-    return out
-
-
-def sft_protocol(model_dir: str | os.PathLike, trajectories, *, steps: int = 300, batch: int = 8,
-                 lr: float = 3e-3, seed: int = 0, max_tokens: int = 384, progress: bool = False) -> dict:
-    """Supervised steps on scripted Search-R1 trajectories: ``trajectories(count_tokens)`` returns
-    ``[(question, [(text, trained?), ...]), ...]`` (observations sized in the policy's tokens).
-    Only the ``trained`` parts carry loss (observation tokens do not), plus the final EOS."""
-    import random
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from train import protocol
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    examples = []
-    count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
-    for q, parts in trajectories(count):
-        ids = tok.encode(protocol.render_prompt(tok, q), add_special_tokens=False)
-        labels = [-100] * len(ids)
-        for text, trained in parts:
-            t = tok.encode(text, add_special_tokens=False)
-            ids += t
-            labels += t if trained else [-100] * len(t)
-        ids.append(tok.eos_token_id)
-        labels.append(tok.eos_token_id)
-        examples.append((ids[-max_tokens:], labels[-max_tokens:]))
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    losses = []
-    from tqdm import tqdm
-
-    for step in tqdm(range(steps), desc="warm start (SFT)", unit="step", disable=not progress, mininterval=5):
-        chunk = rng.sample(examples, batch)
-        width = max(len(i) for i, _ in chunk)
-        input_ids = torch.full((batch, width), tok.pad_token_id)
-        labels = torch.full((batch, width), -100)
-        attn = torch.zeros((batch, width), dtype=torch.long)
-        for b, (i, l) in enumerate(chunk):
-            input_ids[b, : len(i)] = torch.tensor(i)
-            labels[b, : len(l)] = torch.tensor(l)
-            attn[b, : len(i)] = 1
-        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    model.save_pretrained(model_dir)
-    return {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / min(10, len(losses)), "examples": len(examples)}
-
-
+@exit_on_error
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m train.tiny", description=__doc__)
     ap.add_argument("out_dir")
-    ap.add_argument("--corpus", default=str(Path(__file__).resolve().parent.parent / "data" / "corpus.jsonl"))
-    ap.add_argument("--qa", default=str(Path(__file__).resolve().parent.parent / "data" / "qa.jsonl"))
+    ap.add_argument("--corpus", default=str(DATA_DIR / "corpus.jsonl"),
+                    help="corpus jsonl (default: the bundled data/corpus.jsonl of a source checkout)")
+    ap.add_argument("--qa", default=str(DATA_DIR / "qa.jsonl"),
+                    help="QA jsonl for --sft-steps (default: the bundled data/qa.jsonl)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hidden-size", type=int, default=64)
     ap.add_argument("--heads", type=int, default=2)
@@ -191,11 +35,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     for name in ("corpus", "qa"):
         if not Path(getattr(args, name)).is_file():
-            raise SystemExit(f"--{name} not found: {getattr(args, name)}")
+            raise DataError(f"--{name} not found: {getattr(args, name)}")
     if args.sft_steps < 0:
-        raise SystemExit("--sft-steps must be >= 0")
+        ap.error("--sft-steps must be >= 0")
     if args.hidden_size < 1 or args.heads < 1 or args.hidden_size % args.heads:
-        raise SystemExit("--hidden-size must be a positive multiple of --heads")
+        ap.error("--hidden-size must be a positive multiple of --heads")
     out = Path(args.out_dir)
     fresh = not (out / "config.json").exists()
     build_tiny_model(out, args.corpus, seed=args.seed, hidden_size=args.hidden_size, heads=args.heads)
@@ -210,4 +54,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

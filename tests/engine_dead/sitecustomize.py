@@ -1,4 +1,4 @@
-"""Loaded by every Python started with this folder on PYTHONPATH (tests/test_eval_engines_on_cpu.py):
+"""Loaded by every Python started with this folder on PYTHONPATH (tests/evaluation/test_eval_engines_on_cpu.py):
 the first evaluation engine worker to claim ENGINE_DEAD_LOCK gets an engine that, after
 ENGINE_DEAD_AFTER answers, fails every request with an ``EngineDeadError``, as vLLM's front-end does
 once its EngineCore died (vllm/v1/engine/exceptions.py). The other workers are untouched."""
@@ -12,7 +12,7 @@ if "--worker" in sys.argv and os.environ.get("ENGINE_DEAD_LOCK"):
     except FileExistsError:
         pass
     else:
-        from train.hf_engine import HFBatchedServerManager
+        from train.inference.hf_engine import HFBatchedServerManager
 
         class EngineDeadError(Exception):
             pass

@@ -11,8 +11,8 @@ import os
 
 def register() -> None:
     """Register the CPU pieces with verl's registries (idempotent)."""
+    from train.cpu import hf_rollout as rollout
     from train.cpu import platform  # noqa: F401  (PlatformRegistry "cpu")
-    from train.cpu import rollout
 
     rollout.register()
     from train.cpu.engine import register_fsdp_for_cpu

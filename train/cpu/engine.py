@@ -49,7 +49,7 @@ def register_fsdp_for_cpu() -> None:
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
-    from train.value_model import ValueHeadEngine  # the critic with its configured attention, as on GPUs
+    from train.workers.value_model import ValueHeadEngine  # the critic with its configured attention, as on GPUs
 
     engines = EngineRegistry._engines
     for model_type, base in (("language_model", FSDPEngineWithLMHead), ("value_model", ValueHeadEngine)):

@@ -7,7 +7,6 @@ import types
 from typing import Any, Optional
 
 import torch
-
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 
 import torch
-
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from train.critic import CriticWorker
+from train.workers.critic_worker import CriticWorker
 
 
 def init_gloo_process_group() -> None:

@@ -1,0 +1,1 @@
+"""Tests of the benchmarks' own checks and the GPU check's CPU dry mode (bench/)."""

@@ -1,0 +1,1 @@
+"""Tests of the paper's table: engines, resume, baselines, checkpoint sweep (train/evaluation/)."""

@@ -1,0 +1,1 @@
+"""Tests of the retriever: corpus, indexes, server, client, flat search, bad input (retrieval/)."""

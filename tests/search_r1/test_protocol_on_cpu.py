@@ -1,0 +1,105 @@
+from pathlib import Path
+
+import pytest
+
+from train.search_r1 import protocol as P
+
+SHARED_TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "data" / "qwen2.5_tokenizer"
+
+
+def test_prompt_is_search_r1_text():
+    p = P.make_prompt("  who wrote hamlet ")
+    assert p.startswith("Answer the given question. You must conduct reasoning inside <think> and </think> first")
+    assert p.endswith("For example, <answer> Beijing </answer>. Question: who wrote hamlet?\n")
+    assert P.make_prompt("Is it?").endswith("Question: Is it?\n")
+    assert P.make_messages("q") == [{"role": "user", "content": P.make_prompt("q")}]
+    with pytest.raises(ValueError):
+        P.make_prompt("   ")
+
+
+@pytest.mark.parametrize("text,kind,content", [
+    ("<think>x</think> <search> capital of France </search>", "search", "capital of France"),
+    ("<search>a</search><search>b</search>", "search", "a"),  # first stop tag wins
+    ("<think>I know</think><answer> Paris </answer>", "answer", "Paris"),
+    ("<search>x</search> then <answer>y</answer>", "search", "x"),
+    ("<search> old <search> new </search>", "search", "new"),  # last opening tag before the stop
+    ("<answer></answer>", "answer", ""),
+    ("no tags at all", "invalid", ""),
+    ("stray </search>", "invalid", ""),
+    ("<search>   </search>", "invalid", ""),
+    ("<search> unfinished", "invalid", ""),
+])
+def test_parse_turn(text, kind, content):
+    assert P.parse_turn(text) == P.Action(kind, content)
+
+
+def test_truncate_at_stop():
+    assert P.truncate_at_stop("a <search> q </search> junk <answer>x</answer>") == "a <search> q </search>"
+    assert P.truncate_at_stop("nothing") == "nothing"
+
+
+def test_observation_format_and_truncation():
+    docs = ['"Paris"\nParis is the capital.', '"Lyon"\nLyon is a city.']
+    obs = P.format_observation(docs)
+    assert obs == ('\n\n<information>Doc 1(Title: "Paris") Paris is the capital.\n'
+                   'Doc 2(Title: "Lyon") Lyon is a city.</information>\n\n')
+    count = len  # characters as "tokens"
+    short = P.format_observation(docs, max_tokens=len(obs) - 1, count_tokens=count)
+    assert short == '\n\n<information>Doc 1(Title: "Paris") Paris is the capital.</information>\n\n'
+    tiny = P.format_observation(docs, max_tokens=50, count_tokens=count)
+    assert tiny.endswith("</information>\n\n") and len(tiny) <= 50 and "Doc 1" in tiny
+    empty = P.format_observation(docs, max_tokens=10, count_tokens=count)
+    assert empty == "\n\n<information></information>\n\n"
+
+
+def test_extract_answer_ignores_observations_and_invalid_message():
+    r = ("<think>a</think><search>q</search>\n\n<information>Doc 1(Title: x) <answer> fake </answer>"
+         "</information>\n\n<answer> real </answer>")
+    assert P.extract_answer(r) == "real"
+    assert P.extract_answer("<answer>a</answer> x <answer> b </answer>") == "b"
+    assert P.extract_answer("<answer> unclosed") is None
+    assert P.extract_answer("<answer> I need </think><answer> x </answer>") == "x"  # same reading as parse_turn
+    assert P.parse_turn("<answer> I need </think><answer> x </answer>").content == "x"
+    assert P.extract_answer("<information><answer>x</answer></information>") is None
+    assert P.extract_answer("x" + P.INVALID_ACTION_MESSAGE) is None
+    assert P.extract_answer("<information><answer>x</answer>") is None  # unclosed observation
+    s = "pre <answer>y</answer>"
+    a, b = P.answer_span(s)
+    assert s[a:b] == "<answer>y</answer>"
+
+
+def test_count_searches_and_valid_sequence():
+    good = ("<think>a</think><search>q</search>\n\n<information>d</information>\n\n"
+            "<think>b</think><answer>x</answer>")
+    assert P.count_searches(good) == 1
+    assert P.is_valid_sequence(good)
+    assert P.is_valid_sequence("<think>a</think> <answer>x</answer>")
+    assert not P.is_valid_sequence("<answer>x</answer>")
+    assert not P.is_valid_sequence("<think>a</think> junk <answer>x</answer>")
+    assert not P.is_valid_sequence("<think>a</think><answer>x</answer> after")
+    assert not P.is_valid_sequence("<think>a</think>" + P.INVALID_ACTION_MESSAGE + "<answer>x</answer>")
+
+
+@pytest.mark.skipif(not SHARED_TOKENIZER.is_dir(), reason="Qwen2.5 tokenizer files not present")
+def test_tags_under_the_real_qwen_tokenizer():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(SHARED_TOKENIZER)
+    text = "<think>x</think>\n<search> capital of France </search>"
+    ids = tok(text)["input_ids"]
+    assert tok.decode(ids) == text
+    assert P.parse_turn(tok.decode(ids)).content == "capital of France"
+    # The chat-templated prompt round-trips and ends with the assistant header.
+    prompt = P.render_prompt(tok, "who wrote hamlet")
+    assert prompt.endswith("<|im_start|>assistant\n") and "Question: who wrote hamlet?" in prompt
+
+
+def test_an_answer_does_not_span_an_observation():
+    """<answer> in one turn and </answer> after the invalid-action message is no answer (the agent
+    loop's per-turn parse agrees); infer.py showed the message as part of the answer before."""
+    from train.search_r1 import protocol as P
+
+    r = "<think>x</think><answer> The Film </search>" + P.INVALID_ACTION_MESSAGE + "</answer>"
+    assert P.extract_answer(r) is None and P.answer_span(r) is None
+    r += "<answer> right </answer>"
+    assert P.extract_answer(r) == "right"

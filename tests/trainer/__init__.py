@@ -1,0 +1,1 @@
+"""Tests of driving verl's trainer: presets, settings, checks before Ray, faults, the plugin, plots (train/trainer/)."""

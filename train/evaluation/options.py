@@ -1,0 +1,73 @@
+"""The evaluator's arguments (``python -m train.evaluate``): a leaf, read by the command and by the
+engine workers it starts."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """The 7-benchmark evaluation: greedy inference over a test parquet, EM/F1 per source.
+
+    python -m train.evaluate --model CKPT --data data/processed/test.parquet [--backend vllm]
+        [--method search_r1|direct|cot|rag] [--engines N] [--tensor-parallel-size K]
+        [--sources nq,hotpotqa] [--limit N] [--out runs/eval/CKPT.jsonl] [--paper-row "3B-Ins GRPO+LLDS"]
+    python -m train.evaluate --checkpoints CKPT_DIR --data data/processed/val_sample.parquet [--out DIR]
+
+Per-sample results go to one jsonl (resumable: rows already there are skipped); the table prints EM
+(and F1) per data_source and the macro average, beside the paper's numbers when a row is given. With
+GPUs, one engine per GPU (--engines, default all). --method picks the Search-R1 agent or a baseline of
+the paper's table (direct answer, chain of thought, RAG with the top-k passages). --checkpoints
+evaluates every saved global_step_N of a run (merged to HF format on the fly), one row per step, plots
+EM against step beside the training reward, and names the best step.
+
+Exit status: 0 done; 2 bad input; 3 the retriever failed (rows so far kept: rerun the same command);
+4 an engine died (rows so far kept: rerun).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from train.inference.asker import add_asker_flags
+    from train.search_r1 import protocol
+
+    ap = argparse.ArgumentParser(prog="python -m train.evaluate", description=DESCRIPTION,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="HF model folder or hub id (or --checkpoints)")
+    ap.add_argument("--checkpoints", default=None, metavar="CKPT_DIR",
+                    help="evaluate every complete global_step_N in CKPT_DIR (a run's trainer.default_local_dir)")
+    ap.add_argument("--data", required=True, help="test parquet (train.data_prep)")
+    ap.add_argument("--method", choices=list(protocol.METHODS), default="search_r1",
+                    help="search_r1 (the agent; default) or a baseline: direct, cot, rag "
+                         "(top-k passages in the prompt)")
+    ap.add_argument("--engines", type=int, default=None,
+                    help="inference engines, one process each (default: one per visible GPU, or per "
+                         "--tensor-parallel-size GPUs; 1 without GPUs)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per vLLM engine (default 1)")
+    ap.add_argument("--sources", default=None, help="comma-separated data_source names")
+    ap.add_argument("--limit", type=int, default=None, help="at most N rows per source")
+    ap.add_argument("--out", default=None, help="per-sample jsonl (default runs/eval/<model>.jsonl); with "
+                                                "--checkpoints a folder (default CKPT_DIR/eval)")
+    ap.add_argument("--paper-row", default=None, help="print the paper's numbers for this row beside ours")
+    ap.add_argument("--max-failure-rate", type=float, default=0.5,
+                    help="stop when more than this share of the last 50 searches failed (default 0.5); rows "
+                         "that saw a failed search are never written")
+    add_asker_flags(ap, concurrency_help="questions in flight per engine (default %(default)s)")
+    return ap
+
+
+
+def check_args(ap, args) -> None:
+    from train.inference.asker import check_asker_flags
+
+    if args.limit is not None and args.limit < 1:
+        ap.error("--limit must be >= 1")
+    if not 0.0 <= args.max_failure_rate <= 1.0:
+        ap.error("--max-failure-rate must be in [0, 1]")
+    if args.engines is not None and args.engines < 1:
+        ap.error("--engines must be >= 1")
+    if args.tensor_parallel_size < 1:
+        ap.error("--tensor-parallel-size must be >= 1")
+    if args.tensor_parallel_size > 1 and args.backend != "vllm":
+        ap.error("--tensor-parallel-size needs --backend vllm")
+    check_asker_flags(ap, args)
+    if bool(args.model) == bool(args.checkpoints):
+        ap.error("give --model or --checkpoints (one of them)")
+

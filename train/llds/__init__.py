@@ -1,0 +1,6 @@
+"""LLDS, the method (arXiv 2512.04220).
+
+- ``penalty``  the penalty math, pure torch (no verl import)
+- ``loss``     the actor loss: verl's policy loss plus the penalty, installed with ``set_loss_fn``
+- ``alarm``    the collapse alarm over the LLD diagnostics of each step
+"""

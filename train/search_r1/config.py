@@ -1,0 +1,63 @@
+"""The ``search_r1:`` block of the trainer config (the Search-R1 task's settings), validated.
+
+Also the defaults outside training: ``infer.py`` and the evaluator ask with ``val_max_turns``, ``topk``
+and ``max_turn_tokens`` from here (one source for the turn, top-k and token defaults).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from retrieval.client import MAX_QUERY_CHARS
+from train.errors import ConfigError
+
+
+@dataclass
+class SearchConfig:
+    retriever_url: str = "http://127.0.0.1:8000/retrieve"
+    topk: int = 3
+    max_turns: int = 3  # searches in training (then one last generation)
+    val_max_turns: int = 4  # for rows whose extra_info.split is test/val/dev
+    max_turn_tokens: int = 500  # new tokens per generation
+    max_obs_tokens: int = 500  # tokens per observation (whole passages dropped to fit)
+    timeout: float = 120.0  # per search, in total (all retries)
+    retries: int = 5
+    backoff: float = 0.5
+    strict: bool = False  # raise when the retriever stays down, instead of a "search failed" observation
+    # Abort the step when more than this fraction of its searches failed (retriever down or erroring):
+    # otherwise the policy trains on "search failed" rollouts. 1.0 = never abort.
+    max_failure_rate: float = 0.5
+    # A rollout in which searches failed because the retriever was unreachable or kept answering 5xx
+    # (an outage, not a bad query) is redone once the retriever answers /health again, waiting up to
+    # outage_wait_s (a line every 30 s); at most outage_redos times per rollout, then the run stops.
+    # outage_wait_s 0 = never wait: outage failures then only count toward max_failure_rate.
+    outage_wait_s: float = 600.0
+    outage_redos: int = 3
+    max_query_chars: int = MAX_QUERY_CHARS  # longer queries are cut to this (the server's limit)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "SearchConfig":
+        d = dict(cfg or {})
+        retriever = d.pop("retriever", None) or {}
+        d.setdefault("retriever_url", retriever.get("url", cls.retriever_url))
+        if "topk" in retriever:
+            d.setdefault("topk", retriever["topk"])
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown search_r1 config keys: {sorted(unknown)} (known: {sorted(known)})")
+        out = cls(**d)
+        for name in ("topk", "max_turn_tokens", "max_obs_tokens"):
+            if int(getattr(out, name)) < 1:
+                raise ConfigError(f"search_r1.{name} must be >= 1, got {getattr(out, name)}")
+        for name in ("max_turns", "val_max_turns", "retries", "outage_redos"):
+            if int(getattr(out, name)) < 0:
+                raise ConfigError(f"search_r1.{name} must be >= 0, got {getattr(out, name)}")
+        if not 0.0 <= float(out.max_failure_rate) <= 1.0:
+            raise ConfigError(f"search_r1.max_failure_rate must be in [0, 1], got {out.max_failure_rate}")
+        if float(out.outage_wait_s) < 0:
+            raise ConfigError(f"search_r1.outage_wait_s must be >= 0 (0 = do not wait), got {out.outage_wait_s}")
+        if int(out.max_query_chars) < 1:
+            raise ConfigError(f"search_r1.max_query_chars must be >= 1, got {out.max_query_chars}")
+        return out

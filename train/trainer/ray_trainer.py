@@ -1,0 +1,101 @@
+"""verl's ``RayPPOTrainer`` with what a Search-R1 run adds to a step: the agent statistics
+(:mod:`train.search_r1.metrics`), the LLDS metrics and the collapse alarm (:mod:`train.llds.alarm`),
+complete checkpoints (a manifest and the tracker after verl's save, retention, free space checked
+first) and the stop after a saved step on SIGTERM (:mod:`train.trainer.sigterm`)."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+from train.search_r1.metrics import search_metrics
+from train.trainer.sigterm import StopAfterSave, stop_requested
+
+
+class SearchR1Trainer(RayPPOTrainer):
+    """verl's trainer; adds the agent statistics and the collapse alarm to each step's metrics."""
+
+    def _update_actor_with_metrics(self, batch):
+        from train.llds.alarm import AlarmConfig, CollapseMonitor
+        from train.llds.loss import finish_llds_metrics
+
+        out = super()._update_actor(batch)
+        metrics = out.meta_info.setdefault("metrics", {})
+        finish_llds_metrics(metrics)
+        metrics.update(search_metrics(batch))
+        if not hasattr(self, "_collapse_monitor"):
+            cfg = OmegaConf.to_container(self.config.get("lld_alarm") or {}, resolve=True)
+            self._collapse_monitor = CollapseMonitor(AlarmConfig.from_dict(cfg))
+        alarm, warnings = self._collapse_monitor.update(self.global_steps, metrics)
+        for message in warnings:
+            print(f"WARNING: {message}", flush=True)
+        metrics.update({k: [v] for k, v in alarm.items()})
+        return out
+
+    def _update_actor(self, batch):
+        out = self._update_actor_with_metrics(batch)
+        if stop_requested(self.config.trainer.default_local_dir):  # SIGTERM with trainer.save_on_sigterm
+            print(f"SIGTERM: step {self.global_steps} is trained; saving its checkpoint, then stopping after "
+                  f"the step (trainer.save_on_sigterm)", flush=True)
+            self._save_checkpoint()
+        return out
+
+    def _start_profiling(self, do_profile: bool) -> None:
+        """Called by verl's loop at the start of every step, before its rollout: where a run asked to
+        stop (SIGTERM with trainer.save_on_sigterm) ends, after the step before was saved and logged."""
+        if stop_requested(self.config.trainer.default_local_dir):
+            raise StopAfterSave(getattr(self, "_saved_step", None))
+        return super()._start_profiling(do_profile)
+
+    def fit(self):
+        from train.trainer import metrics_file
+
+        try:
+            with metrics_file.appending():  # verl's file logger would truncate the run's metrics
+                return super().fit()
+        except StopAfterSave as stop:
+            print(f"stopped (SIGTERM) after saving global_step_{stop.step}" if stop.step else
+                  "stopped (SIGTERM) before the first step", flush=True)
+            if hasattr(self, "_shutdown_dump_executor"):
+                self._shutdown_dump_executor()
+
+    def _save_checkpoint(self):
+        """verl's save, then a manifest of the files (synced to disk) and the tracker written
+        atomically, so that a resume only ever lands on a complete checkpoint; free space is checked
+        first, and a failed save names the folder (and the free space when the disk is full)."""
+        from train.trainer import checkpoint_store as checkpoints
+
+        root, step = self.config.trainer.default_local_dir, self.global_steps
+        if getattr(self, "_saved_step", None) == step:  # saved on SIGTERM already; verl's own save of the step
+            return
+        previous = [s for s in checkpoints.saved_steps(root) if s < step]
+        checkpoints.check_free_space(root, step, previous[-1] if previous else None)
+        try:
+            super()._save_checkpoint()
+        except Exception as e:
+            raise checkpoints.CheckpointError(checkpoints.describe_save_failure(root, step, e)) from e
+        ckpt = self.config.actor_rollout_ref.actor.get("checkpoint") or {}
+        if not ckpt.get("async_save", False):  # async shards are still being written: verl skips the tracker too
+            checkpoints.write_manifest(checkpoints.step_dir(root, step))
+            checkpoints.write_tracker(root, step)
+        self._saved_step = step
+        keep_last, keep_steps = checkpoints.check_config(
+            OmegaConf.to_container(self.config.get("checkpoints") or {}, resolve=True))
+        removed = checkpoints.prune(root, keep_last, keep_steps)
+        if removed:
+            print(f"checkpoints: removed global_step_{removed} (checkpoints.keep_last={keep_last}, "
+                  f"keep_steps={keep_steps})", flush=True)
+
+    def _load_checkpoint(self):
+        from train.trainer import checkpoint_store as checkpoints
+
+        try:
+            return super()._load_checkpoint()
+        except Exception as e:
+            root = self.config.trainer.default_local_dir
+            step, why = checkpoints.read_tracker(root)
+            where = checkpoints.step_dir(root, step) if step is not None else f"{root} ({why})"
+            raise checkpoints.CheckpointError(
+                f"loading the checkpoint {where} failed: {type(e).__name__}: {str(e)[-2000:]}. Move that folder "
+                f"aside to resume from the one before (trainer.resume_mode=auto picks the newest complete one)"
+            ) from e
