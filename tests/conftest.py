@@ -162,6 +162,31 @@ def stop_ray_processes(match: str) -> int:
     return killed
 
 
+def run_command(main, argv, capsys) -> tuple[int, str]:
+    """A command's ``main(argv)``: its exit status and what it printed. A bad flag exits through argparse
+    (SystemExit); a problem found later is a ``train.errors.UserError`` that ``exit_on_error`` prints as
+    ``error: ...`` and returns as the status."""
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        extra = "" if isinstance(e.code, int) or e.code is None else str(e.code)
+    else:
+        extra = ""
+    captured = capsys.readouterr()
+    return (0 if rc is None else rc), captured.err + captured.out + extra
+
+
+def refuses(main, argv, capsys, pattern: str, code: int | None = None) -> str:
+    """``main(argv)`` exits non-zero (``code`` when given) and prints something matching ``pattern``."""
+    import re
+
+    rc, out = run_command(main, argv, capsys)
+    assert rc not in (0, None) and (code is None or rc == code), f"exit {rc}:\n{out[-3000:]}"
+    assert re.search(pattern, out), f"{pattern!r} not in:\n{out[-3000:]}"
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,6 +19,8 @@ import pytest
 
 from train.trainer import checkpoint_store as checkpoints
 
+pytestmark = pytest.mark.slow  # make test-fast leaves these out
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 # What a CPU machine forces, and where this test's files go; the rest is the README's command line.

@@ -17,6 +17,8 @@ import pytest
 
 from train.trainer import checkpoint_store as checkpoints
 
+pytestmark = pytest.mark.slow  # make test-fast leaves these out
+
 ROOT = Path(__file__).resolve().parent.parent
 # RFC 2544's benchmarking range: addresses of this test's own two hosts, inside namespaces it makes
 HEAD_IP, WORKER_IP = "198.18.213.1", "198.18.213.2"

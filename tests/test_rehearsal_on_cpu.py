@@ -118,6 +118,7 @@ def ppo_run(tmp_path_factory, tiny_model_dir, bm25_server, qa_path):
     return work, log
 
 
+@pytest.mark.slow
 def test_train_ppo_sh_trains_the_critic_on_two_ranks(ppo_run):
     from step_metrics import parse
 

@@ -48,6 +48,7 @@ def test_the_dense_mask_reference_is_per_sequence_causal_attention(pack):
     torch.testing.assert_close(ref.double(), _reference_by_hand(q, k, v, LENGTHS), rtol=0, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_flex_with_transformers_block_mask_matches_the_dense_mask(pack):
     """transformers' flex path as verl would run it: create_causal_mask -> BlockMask, compiled flex_attention."""
     from torch.nn.attention.flex_attention import BlockMask

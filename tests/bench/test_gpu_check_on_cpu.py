@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
+@pytest.mark.slow
 def test_dry_mode_runs_every_part():
     env = {**os.environ, "PYTHON": sys.executable}
     r = subprocess.run(["bash", "bench/gpu_check.sh", "--cpu"], cwd=ROOT, env=env, capture_output=True, text=True,

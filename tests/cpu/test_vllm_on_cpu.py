@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # make test-fast leaves these out
+
 vllm = pytest.importorskip("vllm")
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,9 @@ once its EngineCore died (vllm/v1/engine/exceptions.py). The other workers are u
 import os
 import sys
 
-if "--worker" in sys.argv and os.environ.get("ENGINE_DEAD_LOCK"):
+# an engine worker of the evaluator's pool (python -m train.evaluation.engine_worker); sys.argv is not set
+# up yet while site runs (it reads ['-m', ...]), the interpreter's own command line is
+if "train.evaluation.engine_worker" in getattr(sys, "orig_argv", []) and os.environ.get("ENGINE_DEAD_LOCK"):
     try:
         os.close(os.open(os.environ["ENGINE_DEAD_LOCK"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:

@@ -277,8 +277,9 @@ def test_infer_file_writes_each_answer_and_resumes(tiny_tokenizer, bm25_index_di
     assert [d["id"] for d in final] == [str(i) for i in range(6)] and all(d["em"] == 1.0 for d in final)
     # another file's answers under the same ids are refused, not mixed in
     f.write_text("".join(json.dumps({**r, "question": "other " + r["question"]}) + "\n" for r in rows))
-    with pytest.raises(SystemExit, match="answers to other questions"):
-        infer.main(argv, generator=gen2)
+    from tests.conftest import refuses
+
+    refuses(lambda a: infer.main(a, generator=gen2), argv, capsys, "answers to other questions", code=2)
 
 
 def test_evaluator_with_one_dead_engine_keeps_its_rows(tiny_tokenizer, tmp_path, qa_path, capsys):

@@ -23,7 +23,7 @@ from retrieval.client import RetrievalClient, RetrievalResponseError, RetrievalS
 from retrieval.corpus import CorpusStore
 from retrieval.index import IndexLoadError, load_retriever
 from retrieval.server import MicroBatcher, ServerConfig, create_app
-from tests.conftest import LiveServer, free_port
+from tests.conftest import LiveServer, free_port, refuses
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,28 +114,26 @@ def test_server_refuses_a_changed_corpus_and_builder_an_empty_one(tmp_path, corp
     ([True], r"golden_answers\[0\] is bool True"),
     ([], "row has no gold answer"),
 ])
-def test_data_prep_rejects_bad_golds_with_file_and_line(tmp_path, golds, message):
+def test_data_prep_rejects_bad_golds_with_file_and_line(tmp_path, golds, message, capsys):
     from train.data_prep import main as prep
 
     src = tmp_path / "qa.jsonl"
     src.write_text(json.dumps({"question": "q1?", "golden_answers": ["a"]}) + "\n"
                    + json.dumps({"question": "q2?", "golden_answers": golds}) + "\n")
-    with pytest.raises(SystemExit, match=rf"qa\.jsonl:2: {message}"):
-        prep(["--out", str(tmp_path / "o"), "--local", str(src)])
+    refuses(prep, ["--out", str(tmp_path / "o"), "--local", str(src)], capsys, rf"qa\.jsonl:2: {message}", code=2)
 
 
-def test_data_prep_refuses_no_rows_and_non_utf8(tmp_path):
+def test_data_prep_refuses_no_rows_and_non_utf8(tmp_path, capsys):
     from train.data_prep import main as prep
 
     blank = tmp_path / "blank.jsonl"
     blank.write_text("\n  \n\n")
-    with pytest.raises(SystemExit, match="no rows"):
-        prep(["--out", str(tmp_path / "o"), "--local", str(blank)])
+    refuses(prep, ["--out", str(tmp_path / "o"), "--local", str(blank)], capsys, "no rows", code=2)
     latin = tmp_path / "latin.jsonl"
     latin.write_bytes(json.dumps({"question": "Qui a écrit ?", "golden_answers": ["moi"]}, ensure_ascii=False)
                       .encode("latin-1") + b"\n")
-    with pytest.raises(SystemExit, match=r"latin\.jsonl:1: not UTF-8 \(byte 0xe9"):
-        prep(["--out", str(tmp_path / "o"), "--local", str(latin)])
+    refuses(prep, ["--out", str(tmp_path / "o"), "--local", str(latin)], capsys,
+            r"latin\.jsonl:1: not UTF-8 \(byte 0xe9", code=2)
     assert not (tmp_path / "o" / "train.parquet").exists()
 
 

@@ -48,7 +48,9 @@ def test_loads_through_verl_rlhf_dataset(prepared, tiny_tokenizer):
     assert item["reward_model"]["ground_truth"]["target"]
 
 
-def test_bad_rows_named_with_file_and_line(tmp_path):
+def test_bad_rows_named_with_file_and_line(tmp_path, capsys):
+    from tests.conftest import refuses
+
     good = {"id": "1", "question": "q?", "golden_answers": ["a"], "dataset": "nq"}
     for bad, msg in [({"id": "2", "golden_answers": ["a"]}, "no question"),
                      ({"id": "2", "question": "q2", "golden_answers": []}, "no gold answer"),
@@ -60,8 +62,8 @@ def test_bad_rows_named_with_file_and_line(tmp_path):
     f.write_text(json.dumps(good) + "\n{oops\n")
     with pytest.raises(DataError, match=r"bad.jsonl:2: not valid JSON"):
         load_local([str(f)])
-    with pytest.raises(SystemExit, match="file not found"):
-        main(["--out", str(tmp_path / "o"), "--local", str(tmp_path / "nope.jsonl")])
+    refuses(main, ["--out", str(tmp_path / "o"), "--local", str(tmp_path / "nope.jsonl")], capsys, "file not found",
+            code=2)
 
 
 def test_dedupe_is_counted(tmp_path, capsys):

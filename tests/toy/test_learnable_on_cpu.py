@@ -101,11 +101,12 @@ def test_bad_build_arguments_are_named(tmp_path, kwargs, match):
         learnable.build(tmp_path / "t", **kwargs)
 
 
-def test_cli_refuses_to_overwrite_a_warm_start(tmp_path):
+def test_cli_refuses_to_overwrite_a_warm_start(tmp_path, capsys):
+    from tests.conftest import refuses
+
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
-    with pytest.raises(SystemExit, match="exists already"):
-        learnable_cmd.main([str(tmp_path)])
+    refuses(learnable_cmd.main, [str(tmp_path)], capsys, "exists already", code=2)
 
 
 def test_a_finished_build_is_reused_only_with_the_same_settings(tmp_path, capsys):
@@ -119,8 +120,10 @@ def test_a_finished_build_is_reused_only_with_the_same_settings(tmp_path, capsys
     (tmp_path / learnable.BUILD_FILE).write_text(json.dumps(settings))
     learnable_cmd.main([str(tmp_path)])
     assert "reusing the warm start" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match=r"built with other settings .*'wrong_rate': 0.8.*'wrong_rate': 0.5"):
-        learnable_cmd.main([str(tmp_path), "--wrong-rate", "0.5"])
+    from tests.conftest import refuses
+
+    refuses(learnable_cmd.main, [str(tmp_path), "--wrong-rate", "0.5"], capsys,
+            r"built with other settings .*'wrong_rate': 0.8.*'wrong_rate': 0.5", code=2)
 
 
 def test_reward_rise():

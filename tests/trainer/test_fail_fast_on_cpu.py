@@ -106,7 +106,7 @@ def test_train_main_names_the_problem_before_ray(tmp_path, tiny_model_dir, qa_pa
                              "actor_rollout_ref.actor.ppo_mini_batch_size=500"], "fewer than one batch")):
         t0 = time.monotonic()
         r = subprocess.run([*base, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 1 and message in r.stderr, r.stderr[-3000:]
+        assert r.returncode == 2 and message in r.stderr, r.stderr[-3000:]
         assert "ray: starting" not in r.stdout and time.monotonic() - t0 < 120
 
 

@@ -10,7 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from train.trainer import checkpoint_store as checkpoints
+
+pytestmark = pytest.mark.slow  # make test-fast leaves these out
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {"VERL_PLATFORM": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",

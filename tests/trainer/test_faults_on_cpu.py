@@ -283,7 +283,7 @@ def test_train_main_stops_on_a_bad_gold_before_ray(tmp_path, tiny_model_dir):
                         f"data.val_files={path}", f"trainer.default_local_dir={tmp_path / 'ckpt'}"],
                        cwd=ROOT, env={**os.environ, "VERL_PLATFORM": "cpu"}, capture_output=True, text=True,
                        timeout=300)
-    assert r.returncode == 1 and f"error: data.train_files: {path} row 1 (uid 'nq-train-1')" in r.stderr, \
+    assert r.returncode == 2 and f"error: data.train_files: {path} row 1 (uid 'nq-train-1')" in r.stderr, \
         r.stderr[-3000:]
     assert "ray: starting" not in r.stdout and time.monotonic() - t0 < 120
 
@@ -408,6 +408,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.slow
 def test_a_run_starts_its_own_ray_unless_told_to_join(tmp_path):
     """With a cluster left running on the machine (by multinode.sh, say), a bare ray.init() joins it
     and the CPU path's num_gpus made Ray refuse."""

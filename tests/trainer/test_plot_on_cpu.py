@@ -1,6 +1,7 @@
 """python -m train.plot: PNGs from a verl file-logger metrics file."""
 
 import json
+import re
 
 import pytest
 
@@ -31,7 +32,9 @@ def test_reads_and_merges_lines_of_a_step(tmp_path):
     assert sorted(steps)[:2] == [0, 1] and max(steps) == 12
     assert steps[5]["critic/score/mean"] == pytest.approx(0.5) and steps[5]["val-core/facts/reward/mean@1"] == 0.35
     assert "some/text" not in steps[5]
-    assert plot.series(steps, "val-core/facts/reward/mean@1") == ([0, 5, 10], [0.1, 0.35, 0.6])
+    from train.trainer.plots import series
+
+    assert series(steps, "val-core/facts/reward/mean@1") == ([0, 5, 10], [0.1, 0.35, 0.6])
 
 
 def test_writes_the_pngs_with_the_listed_series(tmp_path, monkeypatch):
@@ -73,11 +76,12 @@ def test_compare_two_runs_cli(tmp_path, capsys):
     assert printed == [str(tmp_path / "cmp" / n) for n in ("reward.png", "search.png", "llds.png", "lld.png")]
 
 
-def test_errors_name_the_file_and_line(tmp_path):
-    with pytest.raises(SystemExit, match="no metrics file"):
-        plot.main([str(tmp_path)])
+def test_errors_name_the_file_and_line(tmp_path, capsys):
+    from tests.conftest import refuses
+
+    refuses(plot.main, [str(tmp_path)], capsys, "no metrics file", code=2)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "data": {}}\nnot json\n')
-    with pytest.raises(SystemExit, match=r"metrics.jsonl:2: not a verl file-logger line"):
-        plot.main([str(tmp_path)])
-    with pytest.raises(SystemExit):
-        plot.main([str(tmp_path), str(tmp_path)])  # two runs need --out
+    # a line that is not a whole row (a run killed while writing) is skipped, naming the file and line
+    assert plot.main([str(tmp_path)]) in (0, None)
+    assert re.search(r"metrics.jsonl: skipped 1 line\(s\) .*\(line 2;", capsys.readouterr().err)
+    refuses(plot.main, [str(tmp_path), str(tmp_path)], capsys, "--out")  # two runs need --out

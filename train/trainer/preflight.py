@@ -19,7 +19,7 @@ import subprocess
 import sysconfig
 from typing import Mapping, MutableMapping, Optional
 
-from train.errors import ConfigError, SetupError
+from train.errors import ConfigError, DataError, SetupError
 
 #: The CUDA major version of the torch that ``.[gpu]`` installs, and the driver it needs.
 TORCH_CUDA = "13"
@@ -154,8 +154,8 @@ def run_all(config, environ: MutableMapping[str, str] = os.environ, cpu: bool = 
 def check_data_file(path: str, key: str, log=print) -> int:
     """One train or validation file, before Ray starts: it exists, is parquet with the columns the
     trainer reads, and every row's gold answers pass :func:`train.search_r1.reward.check_golds` (a blank gold
-    would make an empty answer score 1.0; no gold crashes the reward mid-run). Raises ValueError
-    naming the file and row; returns the number of rows."""
+    would make an empty answer score 1.0; no gold crashes the reward mid-run). Raises ConfigError or
+    DataError naming the file and row; returns the number of rows."""
     import pyarrow.parquet as pq
 
     from train.search_r1.reward import empty_once_normalised, gold_answers
@@ -183,7 +183,10 @@ def check_data_file(path: str, key: str, log=print) -> int:
         where = f"{key}: {path} row {i}" + (f" (uid {uid!r})" if uid is not None else "")
         if not isinstance(rm, dict) or rm.get("ground_truth") is None:
             raise ConfigError(f"{where}: reward_model has no ground_truth ({rm!r})")
-        golds = gold_answers(rm["ground_truth"], where)
+        try:
+            golds = gold_answers(rm["ground_truth"], where)
+        except ValueError as e:  # the reward's rule, named with the file and row
+            raise DataError(str(e)) from None
         if empty_once_normalised(golds):
             odd.append((i, golds))
     if odd:
