@@ -9,6 +9,7 @@
 #   RETRIEVER=lucene WIKI18=/data/wiki18 bash retrieval_launch.sh  # prebuilt wiki-18 BM25 (the lucene extra)
 #   RETRIEVER=lucene CORPUS=data/corpus.jsonl bash retrieval_launch.sh  # Lucene BM25 over a jsonl (built once)
 #   HOST=0.0.0.0 PORT=8000 bash retrieval_launch.sh -- --max-batch 512   # multi-node: bind all interfaces
+#   RERANK=cross-encoder/ms-marco-MiniLM-L12-v2 RETRIEVER=e5 ... # any kind: retrieve 10, rerank, return topk
 # Extra arguments after the variables are passed to `python -m retrieval.server`.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -21,6 +22,8 @@ CORPUS=${CORPUS:-data/corpus.jsonl}
 INDEX_ROOT=${INDEX_ROOT:-runs/index}
 WIKI18=${WIKI18:-data/wiki18}
 [ "${1:-}" = "--" ] && shift
+# RERANK=<cross-encoder>: Search-R1's reranking (retrieve --rerank-depth 10, score, return the best topk)
+[ -n "${RERANK:-}" ] && set -- --rerank "$RERANK" "$@"
 
 case "$RETRIEVER" in
   minilm|bm25)
