@@ -60,6 +60,10 @@ class ServerConfig:
     cache_bytes: int = 0
 
 
+#: client addresses counted one by one on /health (more are counted together as "other")
+MAX_CLIENTS_SHOWN = 256
+
+
 class SearchTimeout(Exception):
     pass
 
@@ -384,6 +388,7 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
     app.retrieval_config = cfg  # type: ignore[attr-defined]
     flight = {"n": 0}
     flight_lock = threading.Lock()
+    clients: dict[str, int] = {}  # /retrieve requests per client address (a replica per node shows its own)
     app.in_flight = lambda: flight["n"]  # type: ignore[attr-defined]  (graceful shutdown waits on it)
 
     @app.before_request
@@ -421,7 +426,7 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
         info = dict(passages=len(retriever.corpus), indexed=retriever.index.ntotal, kind=retriever.kind,
                     batches=batcher.batches, queries=batcher.queries, largest_batch=batcher.largest_batch,
                     repeated_in_batch=batcher.repeated_in_batch, inline=batcher.inline,
-                    cache=batcher.cache.stats())
+                    cache=batcher.cache.stats(), clients=dict(clients))
         if hasattr(retriever, "describe"):  # a reranking retriever: its model, depth and time
             info["rerank"] = retriever.describe()
         if not batcher.alive:
@@ -440,6 +445,12 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
         if body is None:
             raise BadRequest("body is not valid JSON")
         queries, topk, return_scores = parse_request(body, cfg)
+        addr = request.remote_addr or "unknown"
+        with flight_lock:
+            if addr in clients or len(clients) < MAX_CLIENTS_SHOWN:
+                clients[addr] = clients.get(addr, 0) + 1
+            else:
+                clients["other"] = clients.get("other", 0) + 1
         if not batcher.alive:
             raise BadRequest(f"the batching thread is not running ({batcher.error or 'stopped'}); restart the server",
                              503)

@@ -385,4 +385,7 @@ def test_a_lone_request_is_searched_at_once_and_concurrent_ones_still_batch(bm25
     # the server takes that path for a lone request and says so on /health
     before = httpx.get(bm25_server.url + "/health").json()["inline"]
     assert httpx.post(bm25_server.url + "/retrieve", json={"queries": ["Harvey Pekar"]}).status_code == 200
-    assert httpx.get(bm25_server.url + "/health").json()["inline"] == before + 1
+    health = httpx.get(bm25_server.url + "/health").json()
+    assert health["inline"] == before + 1
+    # requests per client address (a replica on every node shows only its own node's rollouts)
+    assert set(health["clients"]) == {"127.0.0.1"} and health["clients"]["127.0.0.1"] >= 1, health["clients"]
