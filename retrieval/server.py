@@ -588,7 +588,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-wait-ms", type=float, default=0.0,
                     help="extra wait for more queries after the first (0: batch what queued meanwhile)")
     ap.add_argument("--gpu", action="store_true",
-                    help="flat index searched exactly in torch on all GPUs (fp16 shards; capability checked)")
+                    help="search on all GPUs: a flat index exactly in torch (fp16 shards; capability checked), an "
+                         "IVF index with faiss-gpu (the gpu extra)")
     ap.add_argument("--gpu-workspace-mb", type=int, default=256,
                     help="with --gpu: search scratch per GPU in MiB (score blocks; bounds what torch's allocator "
                          "keeps beside a training job on the same GPU)")
