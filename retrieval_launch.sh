@@ -6,9 +6,11 @@
 #   RETRIEVER=bm25 bash retrieval_launch.sh       # bundled corpus, BM25 (bm25s)
 #   RETRIEVER=e5 WIKI18=/data/wiki18 bash retrieval_launch.sh     # Search-R1's e5_Flat.index on all GPUs
 #   RETRIEVER=e5-hnsw WIKI18=/data/wiki18 bash retrieval_launch.sh # HNSW64 index (CPU)
+#   RETRIEVER=e5-ivfpq WIKI18=/data/wiki18 bash retrieval_launch.sh # IVF-PQ (built with retrieval.build) on GPUs, faiss-gpu
 #   RETRIEVER=lucene WIKI18=/data/wiki18 bash retrieval_launch.sh  # prebuilt wiki-18 BM25 (the lucene extra)
 #   RETRIEVER=lucene CORPUS=data/corpus.jsonl bash retrieval_launch.sh  # Lucene BM25 over a jsonl (built once)
 #   HOST=0.0.0.0 PORT=8000 bash retrieval_launch.sh -- --max-batch 512   # multi-node: bind all interfaces
+#   RERANK=cross-encoder/ms-marco-MiniLM-L12-v2 RETRIEVER=e5 ... # any kind: retrieve 10, rerank, return topk
 # Extra arguments after the variables are passed to `python -m retrieval.server`.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -21,6 +23,8 @@ CORPUS=${CORPUS:-data/corpus.jsonl}
 INDEX_ROOT=${INDEX_ROOT:-runs/index}
 WIKI18=${WIKI18:-data/wiki18}
 [ "${1:-}" = "--" ] && shift
+# RERANK=<cross-encoder>: Search-R1's reranking (retrieve --rerank-depth 10, score, return the best topk)
+[ -n "${RERANK:-}" ] && set -- --rerank "$RERANK" "$@"
 
 case "$RETRIEVER" in
   minilm|bm25)
@@ -37,6 +41,14 @@ case "$RETRIEVER" in
   e5-hnsw)
     exec "$PY" -m retrieval.server --index "$WIKI18/e5_HNSW64.index" --corpus "$WIKI18/wiki-18.jsonl" \
       --encoder intfloat/e5-base-v2 --host "$HOST" --port "$PORT" "$@" ;;
+  e5-ivfpq)  # INDEX_DIR: an index folder built by `python -m retrieval.build --factory IVF65536,PQ64 ...`
+    INDEX=${INDEX_DIR:-$INDEX_ROOT/e5_ivfpq}
+    if [ ! -f "$INDEX/manifest.json" ]; then
+      echo "error: no IVF-PQ index in $INDEX; build it (docs/retrieval.md, An IVF-PQ index of wiki-18 for one GPU):" >&2
+      echo "  python -m retrieval.build --corpus $WIKI18/wiki-18.jsonl --out $INDEX --encoder intfloat/e5-base-v2 --factory IVF65536,PQ64 --train-size 2621440" >&2
+      exit 1
+    fi
+    exec "$PY" -m retrieval.server --index "$INDEX" --gpu --host "$HOST" --port "$PORT" "$@" ;;
   lucene)
     need_stack "RETRIEVER=lucene (the lucene extra)" pyserini
     if [ -n "$CORPUS_GIVEN" ]; then  # a Lucene index of that jsonl, built with pyserini's indexer
@@ -55,5 +67,5 @@ case "$RETRIEVER" in
     fi
     exec "$PY" -m retrieval.server --kind lucene --index "$WIKI18/bm25" --corpus "$WIKI18/wiki-18.jsonl" \
       --host "$HOST" --port "$PORT" "$@" ;;
-  *) echo "unknown RETRIEVER=$RETRIEVER (minilm | bm25 | e5 | e5-hnsw | lucene)" >&2; exit 2 ;;
+  *) echo "unknown RETRIEVER=$RETRIEVER (minilm | bm25 | e5 | e5-hnsw | e5-ivfpq | lucene)" >&2; exit 2 ;;
 esac

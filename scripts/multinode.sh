@@ -5,6 +5,10 @@
 #   then, on head:   ROLE=submit NNODES=4 PRESET=grpo_llds RETRIEVER_URL=http://10.0.0.1:8000/retrieve \
 #                    CKPT_DIR=/shared/ckpt/run1 DATA_DIR=/shared/data/processed bash scripts/multinode.sh [hydra overrides...]
 # - The retriever must be reachable from every node (start it with HOST=0.0.0.0 bash retrieval_launch.sh).
+#   Or one replica on every node, each node's rollouts searching their own (no node queues at the head's):
+#     on each node:    ROLE=retriever NODE_IP=<this node's address> [RETRIEVER=e5 WIKI18=...] bash scripts/multinode.sh
+#     then submit with RETRIEVER_URL='http://{node_ip}:8000/retrieve' ({node_ip}: the node a rollout runs on)
+#   The replicas must serve the same index: the submit step compares what each one's /health reports.
 # - CKPT_DIR and DATA_DIR must be absolute paths on storage every node shares (NFS, Lustre...): FSDP
 #   shards are written by every node, and the job's working dir is a per-node temporary copy of this
 #   repo's code only (data/, checkpoints/, runs/ and other outputs are excluded from the upload; Ray
@@ -20,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_common.sh
-ROLE=${ROLE:?set ROLE=head|worker|submit}
+ROLE=${ROLE:?set ROLE=head|worker|retriever|submit}
 # the ray beside the picked Python (a bare `ray` is missing outside an activated environment)
 RAY_BIN=$(dirname "$PY")/ray
 [ -x "$RAY_BIN" ] || RAY_BIN=$(command -v ray) \
@@ -32,6 +36,17 @@ NODE=(); [ -n "${NODE_IP:-}" ] && NODE=(--node-ip-address="$NODE_IP")
 # What `ray job submit --working-dir .` must not upload (gitignore-style, relative to the repo).
 EXCLUDES='["data/wiki18/", "data/processed/", "checkpoints/", "runs/", "outputs/", "wandb/", ".venv/", ".venv-*/", ".git/", "*.index", "*.parquet"]'
 case "$ROLE" in
+  retriever)  # a replica on this node's address, left running (its pid and log are printed)
+    IP=${NODE_IP:?set NODE_IP=<the address of this node>: the replica binds it, and rollouts on this node reach it there}
+    RPORT=${PORT:-8000}
+    LOG=${RETRIEVER_LOG:-$PWD/runs/retriever-$IP.log}
+    mkdir -p "$(dirname "$LOG")"
+    HOST=$IP PORT=$RPORT nohup bash retrieval_launch.sh >"$LOG" 2>&1 &
+    pid=$!
+    "$PY" -m retrieval.client "http://$IP:$RPORT" --wait "${RETRIEVER_WAIT:-3600}" --pid "$pid" \
+      || { echo "error: the retriever replica did not come up on http://$IP:$RPORT; its log: $LOG" >&2; exit 1; }
+    echo "retriever replica: http://$IP:$RPORT (pid $pid, log $LOG); submit with RETRIEVER_URL='http://{node_ip}:$RPORT/retrieve'"
+    exit 0 ;;
   head)   exec "$RAY_BIN" start --head --dashboard-host=0.0.0.0 --port=6379 "${NODE[@]}" ;;
   worker) exec "$RAY_BIN" start --address="${HEAD:?set HEAD=<head ip>}:6379" "${NODE[@]}" ;;
   submit)
@@ -50,16 +65,26 @@ ray.init(address="auto")
 def probe(u, paths):
     import os, socket
     missing = [p for p in paths if not os.path.exists(p)]
+    u = u.replace("{node_ip}", ray.util.get_node_ip_address())  # this node's replica
+    index = None
     try:
-        status = httpx.get(u, timeout=10).status_code
+        r = httpx.get(u, timeout=10)
+        status = r.status_code
+        h = r.json() if status == 200 else {}
+        index = (h.get("kind"), h.get("passages"), h.get("indexed"))  # what a replica serves
     except Exception as e:
         status = repr(e)
-    return socket.gethostname(), status, missing
+    return f"{socket.gethostname()} ({u})", status, missing, index
 nodes = [n for n in ray.nodes() if n["Alive"]]
 res = ray.get([probe.options(scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(url, paths) for n in nodes])
-print("\n".join(f"{h}: retriever {s}, missing paths {m or 'none'}" for h, s, m in res))
+print("\n".join(f"{h}: retriever {s}, missing paths {m or 'none'}" for h, s, m, _ in res))
 bad = [r for r in res if r[1] != 200 or r[2]]
-sys.exit(f"error: retriever unreachable or shared paths missing on {[r[0] for r in bad]}" if bad else 0)
+if bad:
+    sys.exit(f"error: retriever unreachable or shared paths missing on {[r[0] for r in bad]}")
+served = {r[3] for r in res}
+if len(served) > 1:
+    sys.exit("error: the retriever replicas serve different indexes (kind, passages, indexed): "
+             + "; ".join(f"{r[0]}: {r[3]}" for r in res))
 PYEOF
     PRESET=${PRESET:-grpo_llds}
     GEOM=$(preset_overrides "$PRESET") || exit 2
@@ -75,6 +100,6 @@ PYEOF
       "$PY" -m train.main --config-name "$PRESET" $GEOM \
       actor_rollout_ref.model.path="$MODEL" data.train_files="$DATA_DIR/train.parquet" \
       data.val_files="$DATA_DIR/val_sample.parquet" trainer.n_gpus_per_node="$N_GPUS" trainer.nnodes="$NNODES" \
-      trainer.default_local_dir="$CKPT_DIR" search_r1.retriever_url="$RETRIEVER_URL" "$@" ;;
-  *) echo "ROLE must be head, worker or submit" >&2; exit 2 ;;
+      trainer.default_local_dir="$CKPT_DIR" "search_r1.retriever_url='$RETRIEVER_URL'" "$@" ;;
+  *) echo "ROLE must be head, worker, retriever or submit" >&2; exit 2 ;;
 esac

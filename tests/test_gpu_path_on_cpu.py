@@ -12,12 +12,15 @@ import asyncio
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tomllib
 import torch
@@ -84,45 +87,112 @@ def test_sdpa_on_packed_sequences_equals_separate_forwards(tiny_model_dir):
 # 3. one FAISS per install ---------------------------------------------------------------------------
 
 def test_exactly_one_faiss_per_install_path():
-    """faiss-cpu in every install (all FAISS builds write the faiss/ package); GPU search runs in torch."""
+    """One FAISS build per install, from an extra: faiss-cpu (`cpu`) or faiss-gpu 1.15.1 (`gpu`), never both
+    (all FAISS builds write the faiss/ package); every install path asks for exactly one of the two."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     faiss = lambda reqs: [r for r in reqs if r.lower().startswith("faiss")]
-    assert faiss(project["dependencies"]) == ["faiss-cpu>=1.8"]
-    for name, reqs in project["optional-dependencies"].items():
-        assert faiss(reqs) == [], name
+    extras = project["optional-dependencies"]
+    assert faiss(project["dependencies"]) == []
+    assert faiss(extras["cpu"]) == ["faiss-cpu>=1.8"]
+    assert faiss(extras["gpu"]) == ["faiss-gpu==1.15.1"] and "verl[vllm]==0.9.1" in extras["gpu"]
+    for name, reqs in extras.items():
+        assert name in ("cpu", "gpu") or faiss(reqs) == [], name
     env = (ROOT / "environment.yml").read_text()
     assert "faiss" not in [line.strip(" -").split("=")[0] for line in env.splitlines()
                            if not line.strip().startswith("#")]
-    assert "-e .[gpu,lucene,dev]" in env
-    assert "'.[dev,lucene]'" in (ROOT / "Makefile").read_text()
+    assert "-e .[gpu,lucene,dev]" in env  # GPU: faiss-gpu
+    make = (ROOT / "Makefile").read_text()
+    assert "'.[cpu,dev,lucene]'" in make and "gpu" not in make.split("'.[cpu,dev,lucene]'")[0].splitlines()[-1]
+    vllm_env = "\n".join(line for line in (ROOT / "ci" / "install_vllm_env.sh").read_text().splitlines()
+                         if not line.lstrip().startswith("#"))  # CPU tests: faiss-cpu by name, then the project
+    assert " faiss-cpu " in vllm_env and "faiss-gpu" not in vllm_env and "--no-deps -e ." in vllm_env
 
 
 def test_gpu_install_check_logic():
     sys.path.insert(0, str(ROOT / "scripts"))
     from check_gpu_install import check, check_archs, preset_attention
 
-    good = {"torch": "2.11.0", "vllm": "0.24.0", "transformers": "5.9.0", "faiss-cpu": "1.15.1"}
+    good = {"torch": "2.11.0", "vllm": "0.24.0", "transformers": "5.9.0", "faiss-gpu": "1.15.1"}
+    no_faiss = {k: v for k, v in good.items() if "faiss" not in k}
     assert preset_attention() == {"sdpa"}
     assert check(good, {"sdpa"}) == []
-    assert any("exactly one FAISS" in p for p in check({**good, "faiss-gpu-cu12": "1.14"}, {"sdpa"}))
-    assert any("exactly one FAISS" in p for p in check({**{k: v for k, v in good.items() if "faiss" not in k},
-                                                       "faiss-gpu-cu12": "1.14"}, {"sdpa"}))
+    for faiss in ({"faiss-cpu": "1.15.1"}, {"faiss-gpu-cu12": "1.14.1.post1"}, {}):  # not faiss-gpu
+        assert any("exactly one FAISS distribution, faiss-gpu" in p for p in check({**no_faiss, **faiss}, {"sdpa"}))
+    both = check({**good, "faiss-cpu": "1.15.1"}, {"sdpa"})  # two builds writing faiss/
+    assert len(both) == 1 and "['faiss-cpu', 'faiss-gpu']" in both[0]
     assert any("flash-attn" in p for p in check(good, {"flash_attention_2"}))
     assert any("torch" in p for p in check({**good, "torch": "2.13.0"}, {"sdpa"}))
     assert any("transformers" in p for p in check({**good, "transformers": "5.19.0"}, {"sdpa"}))
-    # GPU code: faiss-gpu-cu12 1.14.1.post1's libfaiss has sm_70 and sm_80 only; torch 2.11.0's sm_75-sm_120
+    # GPU code: faiss-gpu-cu12 1.14.1.post1's libfaiss had sm_70 and sm_80 only; torch 2.11.0's sm_75-sm_120
     assert check_archs({"sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"}) == []
     problem = check_archs({"sm_70", "sm_80"})
     assert len(problem) == 1 and "sm_90" in problem[0] and "sm_70 sm_80" in problem[0]
     assert check_archs({"sm_80", "compute_80"}) == []  # PTX is compiled for newer GPUs at load time
     assert check_archs({"sm_86", "sm_90"}) and "sm_80" in check_archs({"sm_86", "sm_90"})[0]
+    # faiss-gpu needs native code (SASS): 1.15.1 has it; PTX alone does not count for it
+    faiss_gpu_1_15_1 = {"sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "compute_90"}
+    assert check_archs(faiss_gpu_1_15_1, what="faiss-gpu", native=True, uses="IVF search") == []
+    ptx_only = check_archs({"sm_70", "sm_80", "compute_80"}, what="faiss-gpu", native=True, uses="IVF search")
+    assert len(ptx_only) == 1 and "faiss-gpu has no native GPU code for sm_90" in ptx_only[0]
+
+
+def _fatbin(*entries) -> bytes:
+    """A CUDA fat binary: entries ``(kind, arch)``, kind 2 compiled code (sm_XY), 1 PTX (compute_XY)."""
+    body = b""
+    for kind, arch in entries:
+        head = bytearray(64)
+        struct.pack_into("<HHIQ", head, 0, kind, 0x101, 64, 24)
+        struct.pack_into("<I", head, 28, arch)
+        body += bytes(head) + bytes(range(24))
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+def _wheel(path: Path, fatbins: list[bytes], filler: int = 3 << 20, method=zipfile.ZIP_DEFLATED) -> Path:
+    """A wheel whose faiss/libfaiss.so is an ELF file: header, ``filler`` bytes of code (with a misaligned
+    fat binary magic in it), the fat binaries back to back from an 8-byte boundary, ``filler`` bytes of
+    other sections, a section table."""
+    rng = np.random.default_rng(0)
+    code = rng.integers(0, 256, filler, dtype=np.uint8).tobytes()  # incompressible; filler: a multiple of 8
+    code += b"\0" * 3 + struct.pack("<IHHQ", 0xBA55ED50, 1, 16, 8) + b"\0" * 5  # a decoy header, misaligned
+    sections = b"".join(f + b"\0" * (-len(f) % 8) for f in fatbins) + rng.integers(0, 256, filler, np.uint8).tobytes()
+    shoff = 64 + len(code) + len(sections)
+    head = bytearray(64)
+    head[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", head, 0x28, shoff)
+    with zipfile.ZipFile(path, "w", method) as z:
+        z.writestr("faiss/libfaiss.so", bytes(head) + code + sections + b"\0" * 256)
+    return path
+
+
+def test_faiss_gpu_architectures_are_read_from_the_first_fat_binaries_of_a_streamed_wheel(tmp_path):
+    """check-gpu-install reads libfaiss.so's GPU code as a stream, stopping after the first fat binaries."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from check_gpu_install import check_archs, wheel_fatbin_archs
+
+    first = _fatbin((2, 80), (2, 90), (1, 90))
+    wheel = _wheel(tmp_path / "faiss_gpu.whl", [first, first, _fatbin((2, 70))])
+    archs, found, read = wheel_fatbin_archs(str(wheel), want=2)
+    assert archs == {"sm_80", "sm_90", "compute_90"} and found == 2  # the third (sm_70) is not read
+    assert read < wheel.stat().st_size - (1 << 20)  # it stopped in the stream: the rest of the wheel is not read
+    assert wheel_fatbin_archs(str(wheel), want=10)[:2] == ({"sm_70", "sm_80", "sm_90", "compute_90"}, 3)
+    stored = _wheel(tmp_path / "stored.whl", [first], method=zipfile.ZIP_STORED)
+    assert wheel_fatbin_archs(str(stored))[:2] == ({"sm_80", "sm_90", "compute_90"}, 1)
+    none = _wheel(tmp_path / "cpu_only.whl", [])
+    assert wheel_fatbin_archs(str(none))[:2] == (set(), 0)
+    assert "faiss-gpu has no native GPU code for sm_80, sm_90 (it has none)" in check_archs(
+        set(), what="faiss-gpu", native=True)[0]
+    with zipfile.ZipFile(tmp_path / "bz.whl", "w", zipfile.ZIP_BZIP2) as z:
+        z.writestr("faiss/libfaiss.so", b"\x7fELF")
+    with pytest.raises(ValueError, match="zip method 12"):
+        wheel_fatbin_archs(str(tmp_path / "bz.whl"))
 
 
 def test_dense_index_without_faiss_says_what_installs_it(monkeypatch):
     from retrieval import index
 
-    monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss -> ImportError
-    with pytest.raises(ImportError, match=r"faiss-cpu .*GPU search runs in torch"):
+    monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss -> ImportError (pip install -e . alone)
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[cpu\]' \(faiss-cpu\).*pip install -e '\.\[gpu\]' "
+                                          r"\(faiss-gpu 1\.15\.1\).*Never both"):
         index.import_faiss()
 
 

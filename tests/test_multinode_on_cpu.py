@@ -2,13 +2,16 @@
 machine (each its own address on a veth pair, so that Ray, gloo and the retriever cross a real link
 and loopback is not the other node): head, worker, submit (the from-every-node checks, one training
 step with the preset and the CPU overlay, both ranks' shards in the shared checkpoint folder), then a
-second submit that resumes from it. Needs root and iproute2 (CI has both); skipped elsewhere, never
-on CI."""
+second submit that resumes from it with a retriever replica on each node (``ROLE=retriever``,
+``RETRIEVER_URL='http://{node_ip}:8000/retrieve'``): each replica's /health shows only its own node's
+searches. Needs root and iproute2 (CI has both); skipped elsewhere, never on CI."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +82,7 @@ def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, tiny_model_di
     from train.data_prep import main as prep
 
     head, worker = nodes
+    replica_pid = None
     prep(["--out", str(tmp_path / "data"), "--local", str(qa_path), "--holdout", "5"])
     base = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "REHEARSAL": "cpu", "N_GPUS": "1",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled", "RAY_DEDUP_LOGS": "0",
@@ -107,9 +111,24 @@ def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, tiny_model_di
         assert checkpoints.problems(str(step1)) == []
         assert sorted(p.name for p in (step1 / "actor").glob("model_world_size_2_rank_*.pt")) == \
             ["model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
-        _, text = in_ns(head, submit, "bash", "scripts/multinode.sh", "trainer.total_training_steps=2",
-                        log=tmp_path / "submit2.log")
+        # the resumed run searches a retriever replica on each node: the head's (the one above, on its
+        # address) and one the worker starts with ROLE=retriever; every rollout asks its own node's
+        _, text = in_ns(worker, {**base, "ROLE": "retriever", "NODE_IP": WORKER_IP, "RETRIEVER": "bm25",
+                                 "INDEX_ROOT": tmp_path / "index", "CORPUS": corpus_path,
+                                 "RETRIEVER_LOG": tmp_path / "replica.log"},
+                        "bash", "scripts/multinode.sh", log=tmp_path / "replica.start.log", timeout=400)
+        replica_pid = int(re.search(r"\(pid (\d+),", text).group(1))
+        assert f"retriever replica: http://{WORKER_IP}:8000" in text, text[-3000:]
+        head_before = health(head, HEAD_IP, tmp_path)["clients"]
+        _, text = in_ns(head, {**submit, "RETRIEVER_URL": "http://{node_ip}:8000/retrieve"}, "bash",
+                        "scripts/multinode.sh", "trainer.total_training_steps=2", log=tmp_path / "submit2.log")
         assert f"checkpoints: resuming from {step1}" in text and "step:2 " in text, text[-4000:]
+        for ip in (HEAD_IP, WORKER_IP):  # the from-every-node check asked each node's own replica
+            assert f"(http://{ip}:8000/health): retriever 200, missing paths none" in text, text[-4000:]
+        on_head = {a: n - head_before.get(a, 0) for a, n in health(head, HEAD_IP, tmp_path)["clients"].items()}
+        on_worker = health(worker, WORKER_IP, tmp_path)["clients"]
+        assert {a for a, n in on_head.items() if n} == {HEAD_IP}, on_head  # searches of the head's rollouts only
+        assert set(on_worker) == {WORKER_IP} and on_worker[WORKER_IP] > 0, on_worker
         assert checkpoints.read_tracker(str(tmp_path / "ckpt")) == (2, None)
         assert checkpoints.problems(str(tmp_path / "ckpt" / "global_step_2")) == []
         # the metrics file is on the shared checkpoint folder (not the job's temporary working dir) and
@@ -120,3 +139,19 @@ def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, tiny_model_di
         assert [s for s in sorted(steps) if "critic/score/mean" in steps[s]] == [1, 2], sorted(steps)
     finally:
         retriever.kill()
+        if replica_pid:
+            try:
+                os.kill(replica_pid, signal.SIGTERM)  # the replica drains and exits (retrieval.server)
+            except ProcessLookupError:
+                pass
+
+
+def health(ns, ip, tmp_path) -> dict:
+    """A retriever's /health, asked from inside the namespace that reaches it."""
+    import json
+
+    r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c",
+                        f"import httpx; print(httpx.get('http://{ip}:8000/health', timeout=30).text)"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -319,3 +320,72 @@ def test_health_reports_the_cache_and_the_command_line_refuses_a_negative_size(b
     with pytest.raises(SystemExit) as e:
         main(["--index", str(bm25_index_dir), "--cache-mb", "-1"])
     assert e.value.code == 2 and "--cache-mb must be >= 0" in capsys.readouterr().err
+
+
+class _Gated(_Counting):
+    """A real retriever whose searches record their thread and can be held until ``gate`` is set."""
+
+    def __init__(self, retriever):
+        super().__init__(retriever)
+        self.threads, self.gate, self.entered = [], threading.Event(), threading.Event()
+        self.gate.set()
+        self.fail_on = None
+
+    def search(self, queries, k):
+        self.threads.append(threading.current_thread().name)
+        self.entered.set()
+        self.gate.wait(30)
+        if self.fail_on in queries:
+            raise RuntimeError(f"cannot search {self.fail_on!r}")
+        return super().search(queries, k)
+
+
+def test_a_lone_request_is_searched_at_once_and_concurrent_ones_still_batch(bm25_index_dir, qa_path, bm25_server):
+    from retrieval.server import MicroBatcher
+
+    questions = [json.loads(line)["question"] for line in open(qa_path)][:40]
+    gated = _Gated(load_retriever(bm25_index_dir))
+    b, plain = MicroBatcher(gated, max_batch=256), MicroBatcher(load_retriever(bm25_index_dir), max_batch=256)
+    try:
+        # idle: searched on the caller's thread, the same rows as through the batching thread
+        for q in questions[:10]:
+            got = b.search_now([q, questions[0]], 3)
+            assert got == plain.submit([q, questions[0]], 3).result(timeout=60), q
+        assert b.inline == 10 and set(gated.threads) == {threading.current_thread().name}, gated.threads
+        # busy: while a search holds the index, a second request is not searched beside it but queued,
+        # and the queued ones are batched together once the index is free
+        gated.gate.clear()
+        gated.entered.clear()
+        with ThreadPoolExecutor(1) as ex:
+            first = ex.submit(b.search_now, [questions[10]], 3)
+            assert gated.entered.wait(30)
+            assert b.search_now([questions[11]], 3) is None
+            queued = [b.submit([q], 3) for q in questions[11:19]]
+            gated.gate.set()
+            assert first.result(timeout=60) == plain.submit([questions[10]], 3).result(timeout=60)
+        for q, fut in zip(questions[11:19], queued):
+            assert fut.result(timeout=60) == plain.submit([q], 3).result(timeout=60)
+        assert b.inline == 11 and max(map(len, gated.searched[-2:])) > 1, gated.searched[-3:]
+        assert "retrieval-batcher" in gated.threads
+        # a search that fails raises in the caller; the batcher goes on serving
+        gated.fail_on = questions[20]
+        with pytest.raises(RuntimeError, match="cannot search"):
+            b.search_now([questions[20]], 3)
+        assert b.alive and b.search_now([questions[21]], 3) == plain.submit([questions[21]], 3).result(timeout=60)
+        # a request larger than one batch always goes through the batching thread
+        assert b.search_now(questions[:3], 3) is not None
+        small = MicroBatcher(load_retriever(bm25_index_dir), max_batch=2)
+        try:
+            assert small.search_now(questions[:3], 3) is None and small.inline == 0
+        finally:
+            small.close()
+    finally:
+        b.close()
+        plain.close()
+    # the server takes that path for a lone request and says so on /health
+    before = httpx.get(bm25_server.url + "/health").json()["inline"]
+    assert httpx.post(bm25_server.url + "/retrieve", json={"queries": ["Harvey Pekar"]}).status_code == 200
+    health = httpx.get(bm25_server.url + "/health").json()
+    assert health["inline"] == before + 1
+    # requests per client address (a replica on every node shows only its own node's rollouts)
+    assert set(health["clients"]) == {"127.0.0.1"} and health["clients"]["127.0.0.1"] >= 1, health["clients"]

@@ -250,3 +250,20 @@ def test_tiny_model_against_live_server(tiny_model_dir, bm25_server):
     n_first = len(tok.encode(segs[0][1], add_special_tokens=False))
     assert segs[2][0] == "model" and 0 < sum(out.response_mask) - n_first <= 16
     assert len(out.response_logprobs) == len(out.response_ids)
+
+
+def test_a_retriever_url_with_node_ip_names_the_node_the_rollout_runs_on(monkeypatch):
+    from train.errors import ConfigError
+    from train.search_r1.config import resolve_url
+
+    assert resolve_url("http://10.0.0.1:8000/retrieve") == "http://10.0.0.1:8000/retrieve"
+    monkeypatch.delenv("NODE_IP", raising=False)
+    with pytest.raises(ConfigError, match=r"names \{node_ip\}, but this process runs on no Ray node"):
+        resolve_url("http://{node_ip}:8000/retrieve")
+    monkeypatch.setenv("NODE_IP", "10.0.0.7")
+    assert resolve_url("http://{node_ip}:8000/retrieve") == "http://10.0.0.7:8000/retrieve"
+    import ray  # inside Ray (an agent-loop worker): Ray's own address of this node wins
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.0.0.9")
+    assert resolve_url("http://{node_ip}:8000/retrieve") == "http://10.0.0.9:8000/retrieve"

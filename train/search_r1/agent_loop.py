@@ -26,7 +26,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 
 from retrieval.client import RetrievalClient, RetrievalServerError, RetrieverUnavailable, contents_of
 from train.search_r1 import protocol
-from train.search_r1.config import SearchConfig
+from train.search_r1.config import SearchConfig, resolve_url
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,9 @@ _clients: dict[tuple, RetrievalClient] = {}
 
 def _client_for(cfg: SearchConfig) -> RetrievalClient:
     key = (cfg.retriever_url, cfg.timeout, cfg.retries, id(asyncio.get_running_loop()))
-    if key not in _clients:
-        _clients[key] = RetrievalClient(cfg.retriever_url, topk=cfg.topk, timeout=cfg.timeout, retries=cfg.retries,
-                                        backoff=cfg.backoff)
+    if key not in _clients:  # {node_ip}: this node's replica
+        _clients[key] = RetrievalClient(resolve_url(cfg.retriever_url), topk=cfg.topk, timeout=cfg.timeout,
+                                        retries=cfg.retries, backoff=cfg.backoff)
     return _clients[key]
 
 

@@ -6,15 +6,41 @@ and ``max_turn_tokens`` from here (one source for the turn, top-k and token defa
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
 from retrieval.client import MAX_QUERY_CHARS
 from train.errors import ConfigError
 
+#: in ``search_r1.retriever_url``: the address of the Ray node a rollout runs on (a retriever replica on every
+#: node, ``ROLE=retriever bash scripts/multinode.sh``), e.g. ``http://{node_ip}:8000/retrieve``
+NODE_IP = "{node_ip}"
+
+
+def resolve_url(url: str) -> str:
+    """``url`` with :data:`NODE_IP` replaced by the address of the Ray node this process runs on (Ray's own
+    view, ``ray.util.get_node_ip_address()``; ``$NODE_IP`` outside Ray)."""
+    if NODE_IP not in url:
+        return url
+    ip = None
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ip = ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    ip = ip or os.environ.get("NODE_IP")
+    if not ip:
+        raise ConfigError(f"search_r1.retriever_url={url!r} names {NODE_IP}, but this process runs on no Ray node and "
+                          f"NODE_IP is not set: give the retriever's address")
+    return url.replace(NODE_IP, ip)
+
 
 @dataclass
 class SearchConfig:
+    # the retriever every rollout searches; {node_ip} (NODE_IP) = a replica on each node, reached on its own node
     retriever_url: str = "http://127.0.0.1:8000/retrieve"
     topk: int = 3
     max_turns: int = 3  # searches in training (then one last generation)

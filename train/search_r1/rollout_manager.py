@@ -17,7 +17,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 from verl.utils.ray_utils import auto_await
 
 from retrieval.client import wait_healthy_async
-from train.search_r1.config import SearchConfig
+from train.search_r1.config import SearchConfig, resolve_url
 
 
 def check_failure_rate(searches: int, failed: int, max_rate: float, url: str) -> None:
@@ -89,7 +89,7 @@ class SearchR1AgentLoopManager(AgentLoopManager):
                   f"{search.retriever_url} unreachable or erroring; waiting for it (search_r1.outage_wait_s="
                   f"{search.outage_wait_s:g}), then redoing the rollout ({attempt + 1} of search_r1.outage_redos="
                   f"{search.outage_redos})", flush=True)
-            if not await wait_healthy_async(search.retriever_url, search.outage_wait_s, report_every=30.0,
+            if not await wait_healthy_async(resolve_url(search.retriever_url), search.outage_wait_s, report_every=30.0,
                                             log=lambda m: print(f"search_r1: {m}", flush=True)):
                 raise RuntimeError(
                     f"search_r1: the retriever at {search.retriever_url} did not answer /health within "
