@@ -186,7 +186,10 @@ class MicroBatcher:
 
     def search_now(self, queries: list[str], topk: int) -> Optional[list]:
         """The request's results, searched on the calling thread, when the batcher is idle and the request
-        fits one batch; None otherwise (then :meth:`submit` it). Raises what the search raised."""
+        fits one batch; None otherwise (then :meth:`submit` it). Raises what the search raised; a search that
+        raises what would kill the batching thread (not an ``Exception``) stops the batcher as it would.
+        The request deadline (``request_timeout_s``) is for requests waiting on the batching thread: a
+        search here is answered when it ends."""
         if (not self.alive or self._active or not self._q.empty() or len(queries) > self.max_batch
                 or sum(map(len, queries)) > self.max_chars):
             return None
@@ -196,7 +199,16 @@ class MicroBatcher:
             if self._active or not self._q.empty():  # a request came in meanwhile: batch them together
                 return None
             job = _Job(queries, topk)
-            self._search_locked([(job, 0, len(queries))])
+            try:
+                self._search_locked([(job, 0, len(queries))])
+            except Exception:
+                raise
+            except BaseException as e:  # what would have killed the batching thread: the server is as dead
+                self.error = f"{type(e).__name__}: {e}"
+                log.exception("a search crashed the server")
+                self._stopped = True
+                self._q.put(None)
+                raise RuntimeError(f"the search crashed ({self.error})") from None
             self.inline += 1
         finally:
             self._searching.release()
