@@ -93,6 +93,7 @@ def test_more_ranks_than_the_cluster_has_gpus():
         preflight.ray_resources_preflight(cfg, {"GPU": 8.0}, [node(4, 12), node(4, 2)])  # verl: 3 CPUs per GPU
 
 
+@pytest.mark.slow
 def test_train_main_names_the_problem_before_ray(tmp_path, tiny_model_dir, qa_path):
     from train.data_prep import main as prep
 

@@ -275,6 +275,7 @@ def test_reward_error_names_the_uid():
     assert compute_score("nq", "<answer> Paris </answer>", {"target": ["paris"]}, {"uid": "u"})["score"] == 1.0
 
 
+@pytest.mark.slow
 def test_train_main_stops_on_a_bad_gold_before_ray(tmp_path, tiny_model_dir):
     path = parquet_with_golds(tmp_path / "train.parquet", [["Paris"], [""]])
     t0 = time.monotonic()
@@ -290,6 +291,7 @@ def test_train_main_stops_on_a_bad_gold_before_ray(tmp_path, tiny_model_dir):
 
 # -- evaluation with the retriever going down ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_evaluation_never_keeps_a_failed_search(tmp_path, tiny_tokenizer, bm25_index_dir, qa_path):
     """The retriever dies after 9 of 20 questions: nothing after that is written as a result, the run
     stops with rc 3 saying how many rows are affected, and a rerun with the retriever back evaluates
