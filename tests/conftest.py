@@ -146,9 +146,25 @@ def stop_ray_processes(match: str) -> int:
 
     procs = [(pid, cmd) for pid, cmd in cmdlines() if "pytest" not in cmd]
     sessions = {m for _, cmd in procs if match in cmd for m in re.findall(r"session_\d{4}-\d\d-\d\d_[\d_-]+\d", cmd)}
+    chosen = {pid for pid, cmd in procs if match in cmd or any(session in cmd for session in sessions)}
+
+    def parent(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    # and their descendants (a raylet's agents retitle themselves `ray::DashboardAgent`, naming neither)
+    parents = {pid: parent(pid) for pid, _ in procs}
+    grew = True
+    while grew:
+        more = {pid for pid, ppid in parents.items() if ppid in chosen and pid not in chosen}
+        chosen |= more
+        grew = bool(more)
     killed = 0
     for pid, cmd in procs:
-        if match in cmd or any(session in cmd for session in sessions):
+        if pid in chosen:
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
