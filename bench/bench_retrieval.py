@@ -53,37 +53,29 @@ def ensure_index(path: Path) -> Path:
     return path
 
 
-def load_run(url: str, n_clients: int, requests_each: int, qs: list[str]) -> dict:
-    """The load generator runs in its own process (no GIL shared with the server)."""
-    code = ("import json,sys; sys.path.insert(0, %r); from bench.bench_retrieval import _load; "
-            "print(json.dumps(_load(*json.loads(sys.stdin.read()))))" % str(ROOT))
-    r = subprocess.run([sys.executable, "-c", code], input=json.dumps([url, n_clients, requests_each, qs]),
-                       capture_output=True, text=True, check=True)
+def _in_own_process(name: str, *args):
+    """``name(*args)`` of this module run in a process of its own (a load generator shares no GIL with the
+    server); its JSON result."""
+    code = (f"import json,sys; sys.path.insert(0, {str(ROOT)!r}); from bench.bench_retrieval import {name}; "
+            f"print(json.dumps({name}(*json.loads(sys.stdin.read()))))")
+    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(list(args)), capture_output=True, text=True,
+                       check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def load_run(url: str, n_clients: int, requests_each: int, qs: list[str]) -> dict:
+    """:func:`_load` in its own process."""
+    return _in_own_process("_load", url, n_clients, requests_each, qs)
 
 
 def _load(url: str, n_clients: int, requests_each: int, qs: list[str]) -> dict:
     """Keep-alive http.client connections: a light client, so the server gets the CPU."""
-    import http.client
-    from urllib.parse import urlparse
-
-    host, port = urlparse(url).hostname, urlparse(url).port
     lat: list[float] = []
     lock = threading.Lock()
 
     def client(i):
-        conn = http.client.HTTPConnection(host, port, timeout=120)
-        mine = []
-        for j in range(requests_each):
-            body = json.dumps({"queries": [qs[(i * requests_each + j) % len(qs)]], "topk": 3})
-            t = time.perf_counter()
-            conn.request("POST", "/retrieve", body=body, headers={"Content-Type": "application/json"})
-            r = conn.getresponse()
-            r.read()
-            if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}")
-            mine.append(time.perf_counter() - t)
-        conn.close()
+        mine = _load_latencies(url, requests_each,
+                               [qs[(i * requests_each + j) % len(qs)] for j in range(requests_each)])
         with lock:
             lat.extend(mine)
 
@@ -232,12 +224,8 @@ def part_rerank(args):
 
 
 def latencies_run(url: str, n: int, qs: list[str]) -> list[float]:
-    """:func:`_load_latencies` in its own process (no GIL shared with the server)."""
-    code = ("import json,sys; sys.path.insert(0, %r); from bench.bench_retrieval import _load_latencies; "
-            "print(json.dumps(_load_latencies(*json.loads(sys.stdin.read()))))" % str(ROOT))
-    r = subprocess.run([sys.executable, "-c", code], input=json.dumps([url, n, qs]), capture_output=True,
-                       text=True, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    """:func:`_load_latencies` in its own process."""
+    return _in_own_process("_load_latencies", url, n, qs)
 
 
 def _load_latencies(url: str, n: int, qs: list[str]) -> list[float]:

@@ -17,6 +17,21 @@ def test_retrieval_build(capsys, tmp_path, corpus_path):
     fails(main, ["--corpus", str(tmp_path / "none.jsonl"), "--out", str(tmp_path)], capsys, "file not found")
     fails(main, ["--corpus", str(corpus_path), "--out", str(tmp_path), "--batch-size", "0"], capsys, "--batch-size")
     fails(main, ["--corpus", str(corpus_path), "--out", str(tmp_path), "--kind", "sparse"], capsys, "invalid choice")
+    for flag, value in (("--recall-sample", "-1"), ("--nprobe", "0"), ("--train-size", "0")):
+        fails(main, ["--corpus", str(corpus_path), "--out", str(tmp_path), flag, value], capsys,
+              "--train-size and --nprobe must be >= 1, --recall-sample >= 0")
+
+
+def test_multinode_retriever_role_needs_its_node_address():
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "NODE_IP"}
+    r = subprocess.run(["bash", "scripts/multinode.sh"], cwd=root, env={**env, "ROLE": "retriever"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "set NODE_IP=<the address of this node>" in r.stderr, r.stderr
 
 
 def test_retrieval_server(capsys, tmp_path):
