@@ -261,10 +261,13 @@ class Retriever:
     """queries -> top-k corpus rows with scores. Thread-compatible, not thread-safe: the server
     calls it from its single batching thread."""
 
-    def __init__(self, index, corpus: CorpusStore, encoder=None, kind: str = "dense"):
+    def __init__(self, index, corpus: CorpusStore, encoder=None, kind: str = "dense", identity: Optional[dict] = None):
         self.index, self.corpus, self.encoder, self.kind = index, corpus, encoder, kind
         if index.ntotal > len(corpus):
             raise ValueError(f"index holds {index.ntotal} vectors but corpus {corpus.path} has only {len(corpus)} rows")
+        #: what two servers must share to answer alike (see :func:`index_id`): the build's manifest, or the
+        #: files' sizes, the encoder and the corpus fingerprint for an index without one
+        self.identity = identity or {"kind": kind, "ntotal": int(index.ntotal)}
 
     def search(self, queries: Sequence[str], k: int) -> list[list[tuple[dict, float]]]:
         if self.kind == "dense":
@@ -318,6 +321,36 @@ def check_corpus(manifest: dict, manifest_path: Path, store: CorpusStore) -> Non
                           f"would point at the wrong passages. Serve the original corpus or rebuild the index.")
 
 
+def index_id(identity: dict) -> str:
+    """A short name of what a server serves (``/health`` ``index_id``): replicas of one index copied to
+    several nodes share it; a different build, corpus, encoder or reranker gives another."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _manifest_identity(manifest_path: Path) -> dict:
+    """An index folder's identity: its manifest as written by the build, without the corpus's absolute path
+    and the build's duration (the same index copied to another node or folder keeps it, and so does an
+    exact index built again from the same corpus and encoder; an approximate one built again has other
+    recall figures)."""
+    m = json.loads(manifest_path.read_text())
+    for key in ("corpus", "encode_seconds"):
+        m.pop(key, None)
+    return {"manifest": m}
+
+
+def _files_identity(kind: str, index: Path, store: CorpusStore, encoder: Optional[str]) -> dict:
+    """An index without a manifest (a released ``e5_Flat.index``, a Lucene folder): the sizes of its files,
+    the encoder and the corpus fingerprint (all cheap to read at start)."""
+    from retrieval.corpus import fingerprint
+
+    files = [[p.name, p.stat().st_size] for p in sorted(index.iterdir()) if p.is_file()] if index.is_dir() else \
+        [["", index.stat().st_size]]  # a lone file: its size (a copy under another name is the same index)
+    return {"kind": kind, "encoder": encoder, "files": files,
+            "corpus": fingerprint(store.path, len(store))}
+
+
 def load_retriever(index: str | os.PathLike, corpus: Optional[str | os.PathLike] = None, *,
                    encoder: Optional[str] = None, kind: Optional[str] = None, mmap: bool = False,
                    gpu: bool = False, device: Optional[str] = None,
@@ -337,20 +370,23 @@ def load_retriever(index: str | os.PathLike, corpus: Optional[str | os.PathLike]
         corpus_path = Path(corpus or m["corpus"])
         store = CorpusStore(corpus_path, index / "offsets.npy")
         check_corpus(m, index / MANIFEST, store)
+        ident = _manifest_identity(index / MANIFEST)
         if m["kind"] == "bm25":
-            return Retriever(BM25Index.load(index / "bm25"), store, kind="bm25")
+            return Retriever(BM25Index.load(index / "bm25"), store, kind="bm25", identity=ident)
         if m["kind"] == "lucene":
-            return Retriever(LuceneIndex(index / "lucene"), store, kind="lucene")
+            return Retriever(LuceneIndex(index / "lucene"), store, kind="lucene", identity=ident)
         spec = EncoderSpec(**m["encoder"])
         enc = Encoder(spec, device=device)
         dense = DenseIndex.load(index / "index.faiss", mmap=mmap, gpu=gpu, gpu_workspace_bytes=gpu_workspace_bytes)
-        return Retriever(dense, store, enc)
+        return Retriever(dense, store, enc, identity=ident)
     if corpus is None:
         raise ValueError(f"{index} has no {MANIFEST}: pass the corpus jsonl too")
     store = CorpusStore(corpus, Path(str(index) + ".offsets.npy") if index.is_file() else index / "offsets.npy")
     if kind == "lucene" or (kind is None and index.is_dir()):
-        return Retriever(LuceneIndex(index), store, kind="lucene")
+        return Retriever(LuceneIndex(index), store, kind="lucene",
+                         identity=_files_identity("lucene", index, store, None))
     if encoder is None:
         raise ValueError(f"{index} has no manifest: pass the encoder name (e.g. intfloat/e5-base-v2)")
     dense = DenseIndex.load(index, mmap=mmap, gpu=gpu, gpu_workspace_bytes=gpu_workspace_bytes)
-    return Retriever(dense, store, Encoder(spec_for(encoder), device=device))
+    return Retriever(dense, store, Encoder(spec_for(encoder), device=device),
+                     identity=_files_identity("dense", index, store, encoder))

@@ -74,6 +74,7 @@ class RerankingRetriever:
         self.inner, self.reranker, self.depth = inner, reranker, depth
         self.corpus, self.index, self.encoder = inner.corpus, inner.index, getattr(inner, "encoder", None)
         self.kind = f"{inner.kind}+rerank"
+        self.identity = {**getattr(inner, "identity", {"kind": inner.kind}), "rerank": [reranker.name, depth]}
         self.searches = 0
         self.rerank_seconds = 0.0  # time spent in the cross-encoder, over all searches
 

@@ -44,7 +44,7 @@ geometry() {  # preset -> overrides giving 10 updates per rollout batch on N_GPU
 preset_overrides() {  # preset -> its geometry overrides for N_GPUS x NNODES ranks (+ the rehearsal's)
   local preset=$1 geom; geom=$(geometry "$preset")
   if [ -n "$REHEARSAL" ]; then
-    geom="$geom $("$PY" -m train.rehearsal "$preset" --ranks $((N_GPUS * NNODES)))" || return 2
+    geom="$geom $("$PY" -m train.rehearsal "$preset" --ranks $((N_GPUS * NNODES)) --nodes "$NNODES")" || return 2
   fi
   echo "$geom"
 }

@@ -13,8 +13,8 @@
 #   shards are written by every node, and the job's working dir is a per-node temporary copy of this
 #   repo's code only (data/, checkpoints/, runs/ and other outputs are excluded from the upload; Ray
 #   refuses working dirs over its package size limit).
-# - Ray authenticates by token (`ray start` makes ~/.ray/auth_token on the head): this script sets
-#   RAY_AUTH_MODE=token; copy the head's ~/.ray/auth_token to each worker (or set RAY_AUTH_TOKEN) first.
+# - Ray authenticates by token: this script sets RAY_AUTH_MODE=token, and ROLE=head makes ~/.ray/auth_token
+#   when the head has none; copy it to each worker (or set RAY_AUTH_TOKEN) first.
 # - NODE_IP=<this node's address> picks the interface Ray advertises (several NICs); GLOO_SOCKET_IFNAME /
 #   NCCL_SOCKET_IFNAME, when set at submit, reach every worker.
 # - REHEARSAL=cpu: the same on CPU nodes (each node advertises N_GPUS logical GPUs and RAY_CPUS=8 CPUs; the preset plus the
@@ -30,6 +30,9 @@ RAY_BIN=$(dirname "$PY")/ray
 [ -x "$RAY_BIN" ] || RAY_BIN=$(command -v ray) \
   || { echo "error: no ray beside $PY nor on PATH (picked: $PY_WHY); install the project there" >&2; exit 1; }
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
+has_ray_token() {  # where Ray looks for it: RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, ~/.ray/auth_token
+  [ -n "${RAY_AUTH_TOKEN:-}" ] || [ -s "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ]
+}
 NODE=(); [ -n "${NODE_IP:-}" ] && NODE=(--node-ip-address="$NODE_IP")
 # CPU nodes: one logical GPU slot per rank, and the logical CPUs a single-node CPU run gets (_cpu.yaml)
 [ -n "$REHEARSAL" ] && NODE+=(--num-gpus="$N_GPUS" --num-cpus="${RAY_CPUS:-8}")
@@ -47,8 +50,19 @@ case "$ROLE" in
       || { echo "error: the retriever replica did not come up on http://$IP:$RPORT; its log: $LOG" >&2; exit 1; }
     echo "retriever replica: http://$IP:$RPORT (pid $pid, log $LOG); submit with RETRIEVER_URL='http://{node_ip}:$RPORT/retrieve'"
     exit 0 ;;
-  head)   exec "$RAY_BIN" start --head --dashboard-host=0.0.0.0 --port=6379 "${NODE[@]}" ;;
-  worker) exec "$RAY_BIN" start --address="${HEAD:?set HEAD=<head ip>}:6379" "${NODE[@]}" ;;
+  head)
+    if [ "$RAY_AUTH_MODE" = token ] && ! has_ray_token; then  # `ray start` does not make one (Ray 2.60)
+      "$RAY_BIN" get-auth-token --generate >/dev/null
+      chmod 600 "$HOME/.ray/auth_token"  # Ray writes it readable by every user of the machine
+      echo "ray: made an authentication token at ~/.ray/auth_token; copy it to every worker node (or set RAY_AUTH_TOKEN there)"
+    fi
+    exec "$RAY_BIN" start --head --dashboard-host=0.0.0.0 --port=6379 "${NODE[@]}" ;;
+  worker)
+    if [ "$RAY_AUTH_MODE" = token ] && ! has_ray_token; then
+      echo "error: no Ray authentication token on this node: copy the head's ~/.ray/auth_token to ~/.ray/auth_token here, or set RAY_AUTH_TOKEN" >&2
+      exit 1
+    fi
+    exec "$RAY_BIN" start --address="${HEAD:?set HEAD=<head ip>}:6379" "${NODE[@]}" ;;
   submit)
     case "$RETRIEVER_URL" in *127.0.0.1*|*localhost*)
       echo "error: RETRIEVER_URL=$RETRIEVER_URL is loopback; other nodes cannot reach it. Use the head's address." >&2; exit 1;; esac
@@ -71,7 +85,7 @@ def probe(u, paths):
         r = httpx.get(u, timeout=10)
         status = r.status_code
         h = r.json() if status == 200 else {}
-        index = (h.get("kind"), h.get("passages"), h.get("indexed"))  # what a replica serves
+        index = (h.get("kind"), h.get("passages"), h.get("indexed"), h.get("index_id"))  # what a replica serves
     except Exception as e:
         status = repr(e)
     return f"{socket.gethostname()} ({u})", status, missing, index
@@ -83,7 +97,8 @@ if bad:
     sys.exit(f"error: retriever unreachable or shared paths missing on {[r[0] for r in bad]}")
 served = {r[3] for r in res}
 if len(served) > 1:
-    sys.exit("error: the retriever replicas serve different indexes (kind, passages, indexed): "
+    sys.exit("error: the retriever replicas serve different indexes (kind, passages, indexed, index_id; copy one "
+             "index folder to every node): "
              + "; ".join(f"{r[0]}: {r[3]}" for r in res))
 PYEOF
     PRESET=${PRESET:-grpo_llds}

@@ -34,6 +34,22 @@ def test_multinode_retriever_role_needs_its_node_address():
     assert r.returncode != 0 and "set NODE_IP=<the address of this node>" in r.stderr, r.stderr
 
 
+def test_multinode_worker_without_the_heads_token(tmp_path):
+    """A worker node without the head's Ray token stops before `ray start` and says what to copy (Ray's own
+    error is a traceback that names neither the head nor the file)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_TOKEN")}
+    r = subprocess.run(["bash", "scripts/multinode.sh"], cwd=root, capture_output=True, text=True, timeout=60,
+                       env={**env, "ROLE": "worker", "HEAD": "198.18.0.9", "HOME": str(tmp_path)})
+    assert r.returncode == 1 and "no Ray authentication token on this node: copy the head's ~/.ray/auth_token" \
+        in r.stderr, r.stderr
+    assert not (tmp_path / ".ray").exists()
+
+
 def test_retrieval_server(capsys, tmp_path):
     from retrieval.server import main
 

@@ -3,8 +3,9 @@ machine (each its own address on a veth pair, so that Ray, gloo and the retrieve
 and loopback is not the other node): head, worker, submit (the from-every-node checks, one training
 step with the preset and the CPU overlay, both ranks' shards in the shared checkpoint folder), then a
 second submit that resumes from it with a retriever replica on each node (``ROLE=retriever``,
-``RETRIEVER_URL='http://{node_ip}:8000/retrieve'``): each replica's /health shows only its own node's
-searches. Needs root and iproute2 (CI has both); skipped elsewhere, never on CI."""
+``RETRIEVER_URL='http://{node_ip}:8000/retrieve'``): each replica's /health shows searches from its own
+node and no other's (a replica over another index is refused first). Needs root and iproute2 (CI has
+both); skipped elsewhere, never on CI."""
 
 from __future__ import annotations
 
@@ -78,20 +79,32 @@ def in_ns(ns, env, *cmd, log: Path, timeout=1200, check=True):
     return r.returncode, text
 
 
-def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, tiny_model_dir, qa_path, corpus_path):
-    from train.data_prep import main as prep
-
+def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, learn_task, corpus_path):
+    """The policy is the learnable task's warm start (tests/conftest.py), which searches in its first turn:
+    the resumed step's searches show on each node's replica."""
     head, worker = nodes
     replica_pid = None
-    prep(["--out", str(tmp_path / "data"), "--local", str(qa_path), "--holdout", "5"])
+    data = tmp_path / "data"  # what prep writes: train.parquet and val_sample.parquet
+    data.mkdir()
+    shutil.copy(learn_task / "data" / "train.parquet", data / "train.parquet")
+    shutil.copy(learn_task / "data" / "test.parquet", data / "val_sample.parquet")
+    corpus = learn_task / "corpus.jsonl"
     base = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "REHEARSAL": "cpu", "N_GPUS": "1",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled", "RAY_DEDUP_LOGS": "0",
             "PYTHON": sys.executable}
     # the retriever on the head's address (multinode.sh refuses a loopback URL: other nodes cannot reach it)
     retriever = subprocess.Popen(
         ["ip", "netns", "exec", head, "env", *[f"{k}={v}" for k, v in base.items()], f"HOST={HEAD_IP}", "PORT=8000",
-         "RETRIEVER=bm25", f"INDEX_ROOT={tmp_path / 'index'}", f"CORPUS={corpus_path}", "bash", "retrieval_launch.sh"],
+         "RETRIEVER=bm25", f"INDEX_ROOT={tmp_path / 'index'}", f"CORPUS={corpus}", "bash", "retrieval_launch.sh"],
         cwd=ROOT, stdout=open(tmp_path / "retriever.log", "w"), stderr=subprocess.STDOUT)
+
+    def start_replica(index_root, corpus, name):  # ROLE=retriever on the worker node; returns its pid
+        _, text = in_ns(worker, {**base, "ROLE": "retriever", "NODE_IP": WORKER_IP, "RETRIEVER": "bm25",
+                                 "INDEX_ROOT": index_root, "CORPUS": corpus, "RETRIEVER_LOG": tmp_path / f"{name}.log"},
+                        "bash", "scripts/multinode.sh", log=tmp_path / f"{name}.start.log", timeout=400)
+        assert f"retriever replica: http://{WORKER_IP}:8000" in text, text[-3000:]
+        return int(re.search(r"\(pid (\d+),", text).group(1))
+
     try:
         in_ns(head, base, sys.executable, "-m", "retrieval.client", f"http://{HEAD_IP}:8000", "--wait", "300", "--pid",
               retriever.pid, log=tmp_path / "wait.log", timeout=400)
@@ -99,38 +112,42 @@ def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, tiny_model_di
               log=tmp_path / "head.log", timeout=300)
         in_ns(worker, {**base, "ROLE": "worker", "HEAD": HEAD_IP, "NODE_IP": WORKER_IP}, "bash", "scripts/multinode.sh",
               log=tmp_path / "worker.log", timeout=300)
-        submit = {**base, "ROLE": "submit", "NNODES": "2", "PRESET": "grpo_llds", "MODEL": tiny_model_dir,
+        submit = {**base, "ROLE": "submit", "NNODES": "2", "PRESET": "grpo_llds", "MODEL": learn_task / "model",
                   "RETRIEVER_URL": f"http://{HEAD_IP}:8000/retrieve", "CKPT_DIR": tmp_path / "ckpt",
-                  "DATA_DIR": tmp_path / "data", "GLOO_SOCKET_IFNAME": IFACE}
+                  "DATA_DIR": data, "GLOO_SOCKET_IFNAME": IFACE}
         _, text = in_ns(head, submit, "bash", "scripts/multinode.sh", "trainer.total_training_steps=1",
                         log=tmp_path / "submit1.log")
         assert text.count("retriever 200, missing paths none") == 2, text[-4000:]  # checked from both nodes
         assert "rehearsal (cpu): grpo_llds with" in text and "on 2 nodes x 1" in text
+        assert "actor_rollout_ref.rollout.agent.num_workers=2" in text  # an agent worker on each node
         assert "ray: joining the Ray cluster" in text and "step:1 " in text, text[-4000:]
         step1 = tmp_path / "ckpt" / "global_step_1"
         assert checkpoints.problems(str(step1)) == []
         assert sorted(p.name for p in (step1 / "actor").glob("model_world_size_2_rank_*.pt")) == \
             ["model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
+        per_node = {**submit, "RETRIEVER_URL": "http://{node_ip}:8000/retrieve"}
+        # a replica over another corpus: the submit step refuses before training (the replicas must agree)
+        replica_pid = start_replica(tmp_path / "other_index", corpus_path, "wrong_replica")
+        rc, text = in_ns(head, per_node, "bash", "scripts/multinode.sh", "trainer.total_training_steps=2",
+                         log=tmp_path / "submit_refused.log", check=False)
+        assert rc != 0 and "error: the retriever replicas serve different indexes" in text, text[-4000:]
+        assert "step:" not in text and checkpoints.read_tracker(str(tmp_path / "ckpt")) == (1, None)
+        stop(replica_pid)
         # the resumed run searches a retriever replica on each node: the head's (the one above, on its
-        # address) and one the worker starts with ROLE=retriever; every rollout asks its own node's
-        _, text = in_ns(worker, {**base, "ROLE": "retriever", "NODE_IP": WORKER_IP, "RETRIEVER": "bm25",
-                                 "INDEX_ROOT": tmp_path / "index", "CORPUS": corpus_path,
-                                 "RETRIEVER_LOG": tmp_path / "replica.log"},
-                        "bash", "scripts/multinode.sh", log=tmp_path / "replica.start.log", timeout=400)
-        replica_pid = int(re.search(r"\(pid (\d+),", text).group(1))
-        assert f"retriever replica: http://{WORKER_IP}:8000" in text, text[-3000:]
+        # address) and the worker's, over the same index; every rollout asks its own node's
+        replica_pid = start_replica(tmp_path / "index", corpus, "replica")
         head_before = health(head, HEAD_IP, tmp_path)["clients"]
-        _, text = in_ns(head, {**submit, "RETRIEVER_URL": "http://{node_ip}:8000/retrieve"}, "bash",
-                        "scripts/multinode.sh", "trainer.total_training_steps=2", log=tmp_path / "submit2.log")
+        _, text = in_ns(head, per_node, "bash", "scripts/multinode.sh", "trainer.total_training_steps=2",
+                        log=tmp_path / "submit2.log")
         assert f"checkpoints: resuming from {step1}" in text and "step:2 " in text, text[-4000:]
         for ip in (HEAD_IP, WORKER_IP):  # the from-every-node check asked each node's own replica
             assert f"(http://{ip}:8000/health): retriever 200, missing paths none" in text, text[-4000:]
         on_head = {a: n - head_before.get(a, 0) for a, n in health(head, HEAD_IP, tmp_path)["clients"].items()}
+        on_head = {a: n for a, n in on_head.items() if n}
         on_worker = health(worker, WORKER_IP, tmp_path)["clients"]
-        # no search crossed nodes: each replica saw only its own node's rollouts (the tiny untrained policy
-        # rarely searches, so a step may send none at all)
-        assert {a for a, n in on_head.items() if n} <= {HEAD_IP}, on_head
-        assert set(on_worker) <= {WORKER_IP}, on_worker
+        # each replica served its own node's rollouts, and only those
+        assert set(on_head) == {HEAD_IP} and set(on_worker) == {WORKER_IP}, (on_head, on_worker)
+        print(f"searches of the resumed step: head replica {on_head}, worker replica {on_worker}")
         assert checkpoints.read_tracker(str(tmp_path / "ckpt")) == (2, None)
         assert checkpoints.problems(str(tmp_path / "ckpt" / "global_step_2")) == []
         # the metrics file is on the shared checkpoint folder (not the job's temporary working dir) and
@@ -142,10 +159,25 @@ def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, tiny_model_di
     finally:
         retriever.kill()
         if replica_pid:
-            try:
-                os.kill(replica_pid, signal.SIGTERM)  # the replica drains and exits (retrieval.server)
-            except ProcessLookupError:
-                pass
+            stop(replica_pid)
+
+
+def stop(pid, wait=60.0):
+    """SIGTERM a replica (retrieval.server drains and exits) and wait until its port is free."""
+    import time
+
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.time() + wait
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
 
 
 def health(ns, ip, tmp_path) -> dict:

@@ -7,7 +7,7 @@ token packing, LLDS, validation cadence, checkpointing and logging stay the pres
 ``tests/test_rehearsal_on_cpu.py`` composes every preset with and without the overlay and checks
 that the keys that differ are exactly these.
 
-    python -m train.rehearsal PRESET [--ranks 2]    # prints the batch-size overrides
+    python -m train.rehearsal PRESET [--ranks 2] [--nodes 1]    # prints the batch-size overrides
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ CHANGES = {
     "actor_rollout_ref.ref.": "the reference model follows the actor (dtype, no compile, token cap)",
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "follows the actor's token cap",
     "actor_rollout_ref.rollout.name": "hf: transformers generate (no vLLM in the CPU environment)",
-    "actor_rollout_ref.rollout.agent.num_workers": "1 agent-loop worker (2 cores)",
+    "actor_rollout_ref.rollout.agent.num_workers": "1 agent-loop worker per node (2 cores; verl places them "
+                                                   "round-robin, so every node runs rollouts)",
     "critic.fsdp.": "fp32, no compile, as the actor",
     "critic.ppo_max_token_len_per_gpu": "2,048-token packed micro-batches, as the actor",
     "critic.ppo_infer_max_token_len_per_gpu": "2,048-token packed micro-batches, as the actor",
@@ -69,7 +70,7 @@ def batch_sizes(train_batch: int, mini_batch: int, n: int, ranks: int = 2) -> tu
     return updates * mini, mini
 
 
-def overrides(preset: str, ranks: int = 2) -> list[str]:
+def overrides(preset: str, ranks: int = 2, nodes: int = 1) -> list[str]:
     import importlib.util
     import os
 
@@ -89,7 +90,10 @@ def overrides(preset: str, ranks: int = 2) -> list[str]:
     actor = cfg.actor_rollout_ref.actor
     train, mini = batch_sizes(cfg.data.train_batch_size, actor.ppo_mini_batch_size, cfg.actor_rollout_ref.rollout.n,
                               ranks)
-    return [f"data.train_batch_size={train}", f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}"]
+    if nodes < 1 or ranks % nodes:
+        raise ValueError(f"--ranks {ranks} must be a multiple of --nodes {nodes}")
+    workers = [f"actor_rollout_ref.rollout.agent.num_workers={nodes}"] if nodes > 1 else []
+    return [f"data.train_batch_size={train}", f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}", *workers]
 
 
 def main(argv=None) -> int:
@@ -97,9 +101,10 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("preset")
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--nodes", type=int, default=1, help="nodes of the run: one agent-loop worker on each")
     args = ap.parse_args(argv)
     try:
-        print(" ".join(["+rehearsal=cpu", *overrides(args.preset, args.ranks)]))
+        print(" ".join(["+rehearsal=cpu", *overrides(args.preset, args.ranks, args.nodes)]))
     except Exception as e:  # an unknown preset, a preset that does not divide
         print(f"error: rehearsal of {args.preset!r}: {e}", file=sys.stderr)
         return 2

@@ -96,6 +96,11 @@ def test_the_server_reranks_reports_it_and_refuses_a_bad_model(tiny_cross_encode
         health = httpx.get(srv.url + "/health").json()
         assert health["kind"] == "bm25+rerank" and health["rerank"]["depth"] == 5, health
         assert health["rerank"]["model"] == tiny_cross_encoder and health["rerank"]["searches"] >= 1
+        # replicas that rerank differently are not the same retriever (scripts/multinode.sh compares index_id)
+        from retrieval.index import index_id
+
+        plain = load_retriever(bm25_index_dir)
+        assert health["index_id"] == index_id(rr.identity) != index_id(plain.identity)
     finally:
         srv.close()
     with pytest.raises(SystemExit) as e:

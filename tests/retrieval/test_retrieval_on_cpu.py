@@ -74,6 +74,40 @@ def test_bare_index_file_like_search_r1_release(dense_index_dir, small_corpus, t
         load_retriever(bare)
 
 
+def test_index_id_names_what_a_server_serves(bm25_index_dir, dense_index_dir, small_corpus, corpus_path, tmp_path):
+    """Replicas on several nodes must serve the same thing (scripts/multinode.sh compares /health index_id):
+    a copy of an index folder or file is the same; an exact index built again from the same corpus and
+    encoder is the same; another corpus, encoder or build is not."""
+    import shutil
+
+    from retrieval import build
+    from retrieval.index import index_id
+
+    def name(*args, **kw):
+        return index_id(load_retriever(*args, **kw).identity)
+
+    copy = tmp_path / "copy"
+    shutil.copytree(bm25_index_dir, copy)
+    assert name(copy) == name(bm25_index_dir)
+    other = build.build_bm25(str(small_corpus), str(tmp_path / "bm25_300"), progress=False)  # another corpus
+    assert name(other) != name(bm25_index_dir)
+    a = build.build_dense(str(small_corpus), str(tmp_path / "a"), limit=40, progress=False)
+    b = build.build_dense(str(small_corpus), str(tmp_path / "b"), limit=40, progress=False)
+    assert name(a, device="cpu") == name(b, device="cpu") != name(dense_index_dir, device="cpu")
+    # a bare index file (Search-R1's e5_Flat.index): its size, the encoder and the corpus, not its file name
+    bare = tmp_path / "minilm_Flat.index"
+    shutil.copy(dense_index_dir / "index.faiss", bare)
+    shutil.copy(bare, tmp_path / "renamed.index")
+    assert name(bare, small_corpus, encoder="minilm", device="cpu") == \
+        name(tmp_path / "renamed.index", small_corpus, encoder="minilm", device="cpu")
+    lines = small_corpus.read_text(encoding="utf-8").splitlines(keepends=True)
+    swapped = tmp_path / "swapped.jsonl"  # the same rows and bytes, two passages in the other order
+    swapped.write_text("".join([lines[1], lines[0], *lines[2:]]), encoding="utf-8")
+    shutil.copy(bare, tmp_path / "third.index")
+    assert name(bare, small_corpus, encoder="minilm", device="cpu") != \
+        name(tmp_path / "third.index", swapped, encoder="minilm", device="cpu")
+
+
 def test_bm25_and_hnsw(bm25_index_dir, dense_index_dir):
     r = load_retriever(bm25_index_dir)
     hits = r.search(["Harvey Pekar autobiographical comics"], 3)[0]

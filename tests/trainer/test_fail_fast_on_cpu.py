@@ -50,6 +50,24 @@ def test_train_main_checks_the_agent_worker_split_of_a_preset():
         check_config(cfg)
 
 
+def test_a_replica_per_node_needs_agent_workers_on_every_node(tmp_path):
+    """verl places its agent workers round-robin over the nodes and each searches its own node's replica:
+    16 nodes with the default 8 workers would leave 8 replicas without a search."""
+    from train.trainer.config_checks import check_config
+
+    url = "search_r1.retriever_url='http://{node_ip}:8000/retrieve'"
+    nodes = ["trainer.nnodes=16", "trainer.n_gpus_per_node=8", f"trainer.default_local_dir={tmp_path}",
+             "data.train_batch_size=1280", "actor_rollout_ref.actor.ppo_mini_batch_size=128"]  # 128 ranks
+    cfg = load("grpo", [*nodes, url])
+    with pytest.raises(ValueError, match="replica on each of trainer.nnodes=16 nodes, but "
+                                         "actor_rollout_ref.rollout.agent.num_workers=8 agent workers run "
+                                         "rollouts on 8 of them.*multiple of 16"):
+        check_config(cfg)
+    # one head retriever: the worker count is not its concern; enough workers: accepted
+    check_config(load("grpo", nodes))
+    check_config(load("grpo", [*nodes, url, "actor_rollout_ref.rollout.agent.num_workers=16"]))
+
+
 def test_a_train_file_smaller_than_one_batch(tmp_path):
     from tests.trainer.test_faults_on_cpu import parquet_with_golds
 

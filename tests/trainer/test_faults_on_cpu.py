@@ -469,8 +469,8 @@ def manager(monkeypatch, outputs, healthy=True, **search):
         return outputs.pop(0)
 
     async def wait(url, seconds, **kw):
-        waits.append(seconds)
-        return healthy
+        waits.append(round(seconds))
+        return healthy(url) if callable(healthy) else healthy
 
     monkeypatch.setattr(agent_loop.AgentLoopManager, "generate_sequences", generate)
     monkeypatch.setattr(agent_loop, "wait_healthy_async", wait)
@@ -485,6 +485,38 @@ def test_manager_redoes_a_rollout_that_hit_an_outage(monkeypatch, capsys):
     assert mgr.generate_sequences("prompts") is clean
     assert len(calls) == 2 and waits == [5]
     assert "3 of 13 searches in this rollout failed" in capsys.readouterr().out
+
+
+def test_manager_waits_for_every_nodes_replica(monkeypatch):
+    """With a replica on every node, the driver waits for each node's after an outage (its own node's
+    answering says nothing of the others'), and names the one that stayed down."""
+    from train.search_r1 import rollout_manager as agent_loop
+
+    replicas = ["http://10.0.0.1:8000/retrieve", "http://10.0.0.2:8000/retrieve"]
+    monkeypatch.setattr(agent_loop, "every_replica", lambda url: replicas if "{node_ip}" in url else [url])
+    asked = []
+    mgr, calls, waits = manager(monkeypatch, [FakeOut(3)], healthy=lambda u: asked.append(u) or "10.0.0.1" in u,
+                                retriever_url="http://{node_ip}:8000/retrieve")
+    with pytest.raises(RuntimeError, match=r"the retriever at http://10.0.0.2:8000/retrieve did not answer /health"):
+        mgr.generate_sequences("prompts")
+    assert asked == replicas
+    clean = FakeOut(0)
+    mgr, calls, waits = manager(monkeypatch, [FakeOut(3), clean], retriever_url="http://{node_ip}:8000/retrieve")
+    assert mgr.generate_sequences("prompts") is clean and len(waits) == 2
+
+
+def test_every_replica_lists_each_alive_nodes_address(monkeypatch):
+    import ray
+
+    from train.search_r1.config import every_replica
+
+    assert every_replica("http://10.0.0.1:8000/retrieve") == ["http://10.0.0.1:8000/retrieve"]
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "NodeManagerAddress": "10.0.0.2"},
+                                               {"Alive": False, "NodeManagerAddress": "10.0.0.3"},
+                                               {"Alive": True, "NodeManagerAddress": "10.0.0.1"}])
+    assert every_replica("http://{node_ip}:8000/retrieve") == ["http://10.0.0.1:8000/retrieve",
+                                                               "http://10.0.0.2:8000/retrieve"]
 
 
 def test_manager_stops_when_the_retriever_stays_down_or_keeps_failing(monkeypatch):

@@ -38,6 +38,19 @@ def resolve_url(url: str) -> str:
     return url.replace(NODE_IP, ip)
 
 
+def every_replica(url: str) -> list[str]:
+    """The retriever URLs the rollouts of a run search: ``url`` itself, or with :data:`NODE_IP`, the replica
+    of every alive Ray node (the driver waits for all of them after an outage, not only its own node's)."""
+    if NODE_IP not in url:
+        return [url]
+    import ray
+
+    if not ray.is_initialized():
+        return [resolve_url(url)]
+    ips = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")})
+    return [url.replace(NODE_IP, ip) for ip in ips] or [resolve_url(url)]
+
+
 @dataclass
 class SearchConfig:
     # the retriever every rollout searches; {node_ip} (NODE_IP) = a replica on each node, reached on its own node

@@ -17,7 +17,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 from verl.utils.ray_utils import auto_await
 
 from retrieval.client import wait_healthy_async
-from train.search_r1.config import SearchConfig, resolve_url
+from train.search_r1.config import SearchConfig, every_replica
 
 
 def check_failure_rate(searches: int, failed: int, max_rate: float, url: str) -> None:
@@ -89,10 +89,10 @@ class SearchR1AgentLoopManager(AgentLoopManager):
                   f"{search.retriever_url} unreachable or erroring; waiting for it (search_r1.outage_wait_s="
                   f"{search.outage_wait_s:g}), then redoing the rollout ({attempt + 1} of search_r1.outage_redos="
                   f"{search.outage_redos})", flush=True)
-            if not await wait_healthy_async(resolve_url(search.retriever_url), search.outage_wait_s, report_every=30.0,
-                                            log=lambda m: print(f"search_r1: {m}", flush=True)):
+            down = await wait_every_replica(every_replica(search.retriever_url), search.outage_wait_s)
+            if down:
                 raise RuntimeError(
-                    f"search_r1: the retriever at {search.retriever_url} did not answer /health within "
+                    f"search_r1: the retriever at {down} did not answer /health within "
                     f"search_r1.outage_wait_s={search.outage_wait_s:g} s; stopping rather than training on "
                     f"'search failed' observations. Restart it and resume (trainer.resume_mode=auto) from the "
                     f"last checkpoint; raise search_r1.outage_wait_s to wait longer")
@@ -102,3 +102,15 @@ class SearchR1AgentLoopManager(AgentLoopManager):
                            search.retriever_url)
         llds = self.config.get("llds") or {}
         return add_search_tensors(out, llds.get("valid_search_count", "parsed"))
+
+
+async def wait_every_replica(urls: list[str], wait_s: float) -> str | None:
+    """Wait until every retriever in ``urls`` answers /health, all within ``wait_s`` seconds in total;
+    the first that did not, or None."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    for url in urls:
+        if not await wait_healthy_async(url, max(0.0, deadline - loop.time()), report_every=30.0,
+                                        log=lambda m: print(f"search_r1: {m}", flush=True)):
+            return url
+    return None

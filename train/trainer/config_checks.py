@@ -35,6 +35,19 @@ def check_moved_names(config: DictConfig) -> None:
                 raise ConfigError(f"{key}={value!r}: {old} moved to {new}; use {value.replace(old, new, 1)!r}")
 
 
+def check_replicas(url: str, nnodes: int, workers: int) -> None:
+    """A retriever replica on every node (``{node_ip}`` in the URL) serves the rollouts of the agent workers
+    on its node, and verl places those workers round-robin over the nodes: fewer workers than nodes
+    leaves some nodes' replicas without a search."""
+    from train.search_r1.config import NODE_IP
+
+    if NODE_IP in url and workers < nnodes:
+        raise ConfigError(
+            f"search_r1.retriever_url={url!r} searches a replica on each of trainer.nnodes={nnodes} nodes, but "
+            f"actor_rollout_ref.rollout.agent.num_workers={workers} agent workers run rollouts on {workers} of them "
+            f"(verl places them round-robin): set num_workers to a multiple of {nnodes}")
+
+
 def check_config(config: DictConfig) -> None:
     """Our blocks and verl's own validation; raises with the offending key."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -60,6 +73,8 @@ def check_config(config: DictConfig) -> None:
     actor = config.actor_rollout_ref.actor
     ranks = config.trainer.n_gpus_per_node * config.trainer.nnodes
     rollout = config.actor_rollout_ref.rollout
+    check_replicas(str((config.get("search_r1") or {}).get("retriever_url") or ""), int(config.trainer.nnodes),
+                   int((rollout.get("agent") or {}).get("num_workers") or 1))
     check_split(config.data.train_batch_size, actor.ppo_mini_batch_size, rollout.n, ranks,
                 actor.get("ppo_micro_batch_size_per_gpu"), bool(actor.get("use_dynamic_bsz")),
                 workers=int((rollout.get("agent") or {}).get("num_workers") or 1))
