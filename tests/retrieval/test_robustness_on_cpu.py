@@ -149,12 +149,12 @@ class Scripted:
 
     corpus = [None]
 
-    def __init__(self, per_query_s=0.0, poison=None):
-        self.per_query_s, self.poison, self.batches = per_query_s, poison, []
+    def __init__(self, per_query_s=0.0, poison=None, first_s=0.0):
+        self.per_query_s, self.poison, self.batches, self.first_s = per_query_s, poison, [], first_s
 
     def search(self, queries, k):
         self.batches.append(list(queries))
-        time.sleep(self.per_query_s * len(queries))
+        time.sleep(self.per_query_s * len(queries) + (self.first_s if len(self.batches) == 1 else 0.0))
         if self.poison and any(self.poison in q for q in queries):
             raise RuntimeError("the encoder choked on a query")
         return [[({"id": str(i), "contents": q}, 1.0)] for i, q in enumerate(queries)]
@@ -168,7 +168,8 @@ def test_surrogate_query_is_a_400_naming_it_and_others_are_served(bm25_server):
 
 
 def test_a_failing_batch_is_retried_per_request_so_only_the_culprit_fails():
-    fake = Scripted(per_query_s=0.05, poison="POISON")
+    # the first search takes 1 s: the other requests all arrive while it runs, even on a busy machine
+    fake = Scripted(per_query_s=0.05, poison="POISON", first_s=1.0)
     # through the batching thread (a lone request on an idle server is searched on its own thread)
     srv = LiveServer(create_app(fake, ServerConfig(inline=False)), free_port())
     try:
