@@ -96,7 +96,7 @@ def served(retriever, cache_mb: int, clients: int, queries: list[str]) -> dict:
     import httpx
     from waitress.server import create_server
 
-    from retrieval.server import ServerConfig, create_app
+    from retrieval.server import ServerConfig, close_server, create_app
     from tests.conftest import free_port
 
     app = create_app(retriever, ServerConfig(max_batch=256, cache_bytes=cache_mb << 20))
@@ -110,7 +110,7 @@ def served(retriever, cache_mb: int, clients: int, queries: list[str]) -> dict:
         out["searched"] = health["queries"]
         return out
     finally:
-        srv.close()
+        close_server(srv)
         app.batcher.close()
 
 

@@ -39,6 +39,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CORPUS = ROOT / "data" / "corpus.jsonl"
 QA = ROOT / "data" / "qa.jsonl"
 
+from retrieval.server import close_server  # noqa: E402
+
 
 def questions(n: int) -> list[str]:
     qs = [json.loads(line)["question"] for line in open(QA)]
@@ -115,7 +117,7 @@ def part_concurrency_and_encoder(args, parts):
         load_run(url, 4, 5, qs)  # warm-up
         for n in args.clients:
             results[(name, n)] = load_run(url, n, max(args.requests, 1) if n > 1 else max(args.requests, 20), qs)
-        srv.close()
+        close_server(srv)
         app.batcher.close()
     if "concurrency" in parts:
         print("\n## concurrency (bundled corpus, dense MiniLM, single-query requests)")
@@ -162,7 +164,7 @@ def part_single(args):
         for name, (_, _, url) in servers.items():
             lat[name] += latencies_run(url, 50, qs[r * 50:r * 50 + 50])
     for srv, app, _ in servers.values():
-        srv.close()
+        close_server(srv)
         app.batcher.close()
     enc, index = retriever.encoder, retriever.index
     enc_t, idx_t = [], []
@@ -211,7 +213,7 @@ def part_rerank(args):
         for name, (_, _, url) in servers.items():
             lat[name] += latencies_run(url, 25, qs[r * 25:r * 25 + 25])
     for srv, app, _ in servers.values():
-        srv.close()
+        close_server(srv)
         app.batcher.close()
     print(f"\n## reranking: one client, topk 3 ({len(lat['plain'])} requests each, {rounds} alternating rounds)")
     print(f"{'server':<44} {'p50 ms':>8} {'p99 ms':>8}")

@@ -516,6 +516,14 @@ def make_server(app: Flask, host: str = "127.0.0.1", port: int = 8000, threads: 
                          asyncore_use_poll=True)
 
 
+def close_server(server) -> None:
+    """Stop a waitress server made by :func:`make_server` (or ``waitress.create_server``) from another thread:
+    its task threads finish first (waitress's own ``close()`` closes the wake-up pipe under a thread still
+    answering, which then logs "Bad file descriptor"), then the sockets close."""
+    server.task_dispatcher.shutdown(timeout=10)
+    server.close()
+
+
 def _raise_open_files(want: int) -> None:
     try:
         import resource

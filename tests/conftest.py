@@ -220,7 +220,9 @@ class LiveServer:
         self._thread.start()
 
     def close(self):
-        self._server.close()
+        from retrieval.server import close_server
+
+        close_server(self._server)
         self.app.batcher.close()
 
 
