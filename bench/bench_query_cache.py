@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_retrieval import ensure_index  # noqa: E402
+from bench.bench_retrieval import ensure_index, stop  # noqa: E402
 
 QA = ROOT / "data" / "qa.jsonl"
 
@@ -96,7 +96,7 @@ def served(retriever, cache_mb: int, clients: int, queries: list[str]) -> dict:
     import httpx
     from waitress.server import create_server
 
-    from retrieval.server import ServerConfig, close_server, create_app
+    from retrieval.server import ServerConfig, create_app
     from tests.conftest import free_port
 
     app = create_app(retriever, ServerConfig(max_batch=256, cache_bytes=cache_mb << 20))
@@ -110,8 +110,7 @@ def served(retriever, cache_mb: int, clients: int, queries: list[str]) -> dict:
         out["searched"] = health["queries"]
         return out
     finally:
-        close_server(srv)
-        app.batcher.close()
+        stop(srv, app)
 
 
 def main(argv=None) -> None:

@@ -39,9 +39,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CORPUS = ROOT / "data" / "corpus.jsonl"
 QA = ROOT / "data" / "qa.jsonl"
 
-from retrieval.server import close_server  # noqa: E402
-
-
 def questions(n: int) -> list[str]:
     qs = [json.loads(line)["question"] for line in open(QA)]
     return [qs[i % len(qs)] for i in range(n)]
@@ -106,6 +103,14 @@ def serve(retriever, max_batch: int, inline: bool = True):
     return srv, app, f"http://127.0.0.1:{port}"
 
 
+def stop(srv, app) -> None:
+    """A server from :func:`serve` (or the cache bench's): its task threads, then its sockets, then the batcher."""
+    from retrieval.server import close_server
+
+    close_server(srv)
+    app.batcher.close()
+
+
 def part_concurrency_and_encoder(args, parts):
     from retrieval.index import load_retriever
 
@@ -117,8 +122,7 @@ def part_concurrency_and_encoder(args, parts):
         load_run(url, 4, 5, qs)  # warm-up
         for n in args.clients:
             results[(name, n)] = load_run(url, n, max(args.requests, 1) if n > 1 else max(args.requests, 20), qs)
-        close_server(srv)
-        app.batcher.close()
+        stop(srv, app)
     if "concurrency" in parts:
         print("\n## concurrency (bundled corpus, dense MiniLM, single-query requests)")
         print(f"{'clients':>8} | {'on: QPS':>9} {'p50 ms':>8} {'p99 ms':>8} | "
@@ -164,8 +168,7 @@ def part_single(args):
         for name, (_, _, url) in servers.items():
             lat[name] += latencies_run(url, 50, qs[r * 50:r * 50 + 50])
     for srv, app, _ in servers.values():
-        close_server(srv)
-        app.batcher.close()
+        stop(srv, app)
     enc, index = retriever.encoder, retriever.index
     enc_t, idx_t = [], []
     for q in qs[:args.single_requests]:
@@ -213,8 +216,7 @@ def part_rerank(args):
         for name, (_, _, url) in servers.items():
             lat[name] += latencies_run(url, 25, qs[r * 25:r * 25 + 25])
     for srv, app, _ in servers.values():
-        close_server(srv)
-        app.batcher.close()
+        stop(srv, app)
     print(f"\n## reranking: one client, topk 3 ({len(lat['plain'])} requests each, {rounds} alternating rounds)")
     print(f"{'server':<44} {'p50 ms':>8} {'p99 ms':>8}")
     print(f"{'dense MiniLM, no reranking':<44} {_pct(lat['plain'], 0.5) * 1e3:>8.1f} "

@@ -265,9 +265,8 @@ class Retriever:
         self.index, self.corpus, self.encoder, self.kind = index, corpus, encoder, kind
         if index.ntotal > len(corpus):
             raise ValueError(f"index holds {index.ntotal} vectors but corpus {corpus.path} has only {len(corpus)} rows")
-        #: what two servers must share to answer alike (see :func:`index_id`): the build's manifest, or the
-        #: files' sizes, the encoder and the corpus fingerprint for an index without one
-        self.identity = identity or {"kind": kind, "ntotal": int(index.ntotal)}
+        #: what two servers must share to answer alike (see :func:`identity_of`)
+        self.identity = identity
 
     def search(self, queries: Sequence[str], k: int) -> list[list[tuple[dict, float]]]:
         if self.kind == "dense":
@@ -321,6 +320,13 @@ def check_corpus(manifest: dict, manifest_path: Path, store: CorpusStore) -> Non
                           f"would point at the wrong passages. Serve the original corpus or rebuild the index.")
 
 
+def identity_of(retriever) -> dict:
+    """What two servers must share to answer alike: the build's manifest, or the files' sizes, the encoder
+    and the corpus fingerprint for an index without one (``load_retriever`` sets them), plus a reranker;
+    for a retriever made otherwise, its kind and size."""
+    return getattr(retriever, "identity", None) or {"kind": retriever.kind, "ntotal": int(retriever.index.ntotal)}
+
+
 def index_id(identity: dict) -> str:
     """A short name of what a server serves (``/health`` ``index_id``): replicas of one index copied to
     several nodes share it; a different build, corpus, encoder or reranker gives another."""
@@ -329,15 +335,12 @@ def index_id(identity: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _manifest_identity(manifest_path: Path) -> dict:
+def _manifest_identity(manifest: dict) -> dict:
     """An index folder's identity: its manifest as written by the build, without the corpus's absolute path
     and the build's duration (the same index copied to another node or folder keeps it, and so does an
     exact index built again from the same corpus and encoder; an approximate one built again has other
     recall figures)."""
-    m = json.loads(manifest_path.read_text())
-    for key in ("corpus", "encode_seconds"):
-        m.pop(key, None)
-    return {"manifest": m}
+    return {"manifest": {k: v for k, v in manifest.items() if k not in ("corpus", "encode_seconds")}}
 
 
 def _files_identity(kind: str, index: Path, store: CorpusStore, encoder: Optional[str]) -> dict:
@@ -370,7 +373,7 @@ def load_retriever(index: str | os.PathLike, corpus: Optional[str | os.PathLike]
         corpus_path = Path(corpus or m["corpus"])
         store = CorpusStore(corpus_path, index / "offsets.npy")
         check_corpus(m, index / MANIFEST, store)
-        ident = _manifest_identity(index / MANIFEST)
+        ident = _manifest_identity(m)
         if m["kind"] == "bm25":
             return Retriever(BM25Index.load(index / "bm25"), store, kind="bm25", identity=ident)
         if m["kind"] == "lucene":

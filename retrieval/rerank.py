@@ -16,6 +16,8 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
+from retrieval.index import identity_of
+
 #: Search-R1's rerank defaults (search_r1/search/reranker_server.py and retrieval_launch_hierarchical.sh)
 DEFAULT_MODEL = "cross-encoder/ms-marco-MiniLM-L12-v2"
 DEFAULT_DEPTH = 10
@@ -74,7 +76,7 @@ class RerankingRetriever:
         self.inner, self.reranker, self.depth = inner, reranker, depth
         self.corpus, self.index, self.encoder = inner.corpus, inner.index, getattr(inner, "encoder", None)
         self.kind = f"{inner.kind}+rerank"
-        self.identity = {**getattr(inner, "identity", {"kind": inner.kind}), "rerank": [reranker.name, depth]}
+        self.identity = {**identity_of(inner), "rerank": [reranker.name, depth]}
         self.searches = 0
         self.rerank_seconds = 0.0  # time spent in the cross-encoder, over all searches
 

@@ -401,11 +401,11 @@ def create_app(retriever, config: Optional[ServerConfig] = None) -> Flask:
     flight = {"n": 0}
     flight_lock = threading.Lock()
     clients: dict[str, int] = {}  # /retrieve requests per client address (a replica per node shows its own)
+    from retrieval.index import identity_of
     from retrieval.index import index_id as name_of
 
     # what this server serves, named (replicas on several nodes must agree: scripts/multinode.sh compares it)
-    index_id = name_of(getattr(retriever, "identity", None) or {"kind": retriever.kind,
-                                                                  "ntotal": int(retriever.index.ntotal)})
+    index_id = name_of(identity_of(retriever))
     app.in_flight = lambda: flight["n"]  # type: ignore[attr-defined]  (graceful shutdown waits on it)
 
     @app.before_request

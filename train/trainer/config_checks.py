@@ -73,11 +73,11 @@ def check_config(config: DictConfig) -> None:
     actor = config.actor_rollout_ref.actor
     ranks = config.trainer.n_gpus_per_node * config.trainer.nnodes
     rollout = config.actor_rollout_ref.rollout
+    workers = int((rollout.get("agent") or {}).get("num_workers") or 1)
     check_replicas(str((config.get("search_r1") or {}).get("retriever_url") or ""), int(config.trainer.nnodes),
-                   int((rollout.get("agent") or {}).get("num_workers") or 1))
+                   workers)
     check_split(config.data.train_batch_size, actor.ppo_mini_batch_size, rollout.n, ranks,
-                actor.get("ppo_micro_batch_size_per_gpu"), bool(actor.get("use_dynamic_bsz")),
-                workers=int((rollout.get("agent") or {}).get("num_workers") or 1))
+                actor.get("ppo_micro_batch_size_per_gpu"), bool(actor.get("use_dynamic_bsz")), workers=workers)
     if llds.enable:
         n = config.actor_rollout_ref.rollout.n
         updates = config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size
