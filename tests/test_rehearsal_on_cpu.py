@@ -69,6 +69,11 @@ def test_rehearsal_batch_sizes():
     r = subprocess.run([sys.executable, "-m", "train.rehearsal", "no_such_preset"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "no_such_preset" in r.stderr
+    for bad in (["--nodes", "0"], ["--ranks", "3", "--nodes", "2"]):  # one agent worker per node, ranks split
+        r = subprocess.run([sys.executable, "-m", "train.rehearsal", "grpo", *bad], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2 and "--nodes must be >= 1 and divide --ranks" in r.stderr, r.stderr
+    assert rehearsal.overrides("grpo", ranks=2, nodes=2)[-1] == "actor_rollout_ref.rollout.agent.num_workers=2"
     r = subprocess.run(["bash", "scripts/train_llds.sh"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "REHEARSAL": "gpu", "PYTHON": sys.executable})
     assert r.returncode == 2 and "only rehearsal is REHEARSAL=cpu" in r.stderr

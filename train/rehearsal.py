@@ -91,7 +91,7 @@ def overrides(preset: str, ranks: int = 2, nodes: int = 1) -> list[str]:
     train, mini = batch_sizes(cfg.data.train_batch_size, actor.ppo_mini_batch_size, cfg.actor_rollout_ref.rollout.n,
                               ranks)
     if nodes < 1 or ranks % nodes:
-        raise ValueError(f"--ranks {ranks} must be a multiple of --nodes {nodes}")
+        raise ValueError(f"--nodes must be >= 1 and divide --ranks (got --nodes {nodes}, --ranks {ranks})")
     workers = [f"actor_rollout_ref.rollout.agent.num_workers={nodes}"] if nodes > 1 else []
     return [f"data.train_batch_size={train}", f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}", *workers]
 
