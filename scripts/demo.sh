@@ -12,6 +12,8 @@
 #   5. checkpoint, resume from it for 1 more step, merge, held-out EM after training, infer.py
 #   6. plots of the run (python -m train.plot)
 #   7. the dense (MiniLM) retriever over the bundled Wikipedia sample, queried once
+#   8. the checks (python -m train.demo check): reward rose, held-out EM rose, the run resumed, the plots
+#      exist; the demo exits 1 naming any that failed
 # STEPS=N changes the number of training steps (default 30); DEMO_DIR the output folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -72,26 +74,17 @@ echo "== 5. resume from the step-$STEPS checkpoint for 1 step, merge, evaluate, 
 VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$RUN/metrics.jsonl" "$PY" -m train.main "${TRAIN[@]}" \
   trainer.total_training_steps=$((STEPS + 1)) trainer.save_freq=$((STEPS + 1)) trainer.resume_mode=auto \
   trainer.val_before_train=false > "$RUN/train_resume.log" 2>&1 || { tail -40 "$RUN/train_resume.log"; exit 1; }
-grep -o "step:$((STEPS + 1)) - .\{0,0\}" "$RUN/train_resume.log" > /dev/null \
-  || { echo "error: the resumed run logged no step $((STEPS + 1))" >&2; exit 1; }
+grep -q "step:$((STEPS + 1)) - " "$RUN/train_resume.log" \
+  || { echo "error: the resumed run logged no step $((STEPS + 1)) (log: $RUN/train_resume.log)" >&2; exit 1; }
 echo "resumed at step $STEPS and trained step $((STEPS + 1)) (log: $RUN/train_resume.log)"
 "$PY" -m verl.model_merger merge --backend fsdp --local_dir "$RUN/checkpoints/global_step_$((STEPS + 1))/actor" \
   --target_dir "$OUT/hf" > "$OUT/merge.log" 2>&1 || { tail -20 "$OUT/merge.log"; exit 1; }
 "$PY" -m train.evaluate --model "$OUT/hf" "${EVAL[@]}" --out "$OUT/eval_after.jsonl" 2> "$OUT/eval_after.log" > /dev/null
-"$PY" - "$OUT/eval_before.jsonl" "$OUT/eval_after.jsonl" <<'PYEOF'
-import json, sys
-before, after = ({d["uid"]: d for d in map(json.loads, open(p))} for p in sys.argv[1:3])
-em = lambda rows: sum(d["em"] for d in rows.values()) / len(rows)
-print(f"held-out EM ({len(after)} questions no stage trained on, greedy): "
-      f"warm start {em(before):.3f} -> after RL {em(after):.3f}")
-print(f"{'question':<40}{'gold':>12}{'warm start':>14}{'after RL':>14}")
-for uid in list(after)[:8]:
-    b, a = before[uid], after[uid]
-    print(f"{a['question']:<40}{a['golds'][0]:>12}{str(b['answer']):>14}{str(a['answer']):>14}")
-PYEOF
-Q=$("$PY" -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['question'])" "$OUT/eval_after.jsonl")
+"$PY" -m train.demo compare "$OUT/eval_before.jsonl" "$OUT/eval_after.jsonl"
+Q=$("$PY" -m train.demo question "$OUT/eval_after.jsonl")
 echo "infer.py \"$Q\":"
-"$PY" infer.py "$Q" --model "$OUT/hf" --retriever-url "$URL" --max-new-tokens 48 --max-turns 1 --topk 1 --device cpu 2>/dev/null
+"$PY" infer.py "$Q" --model "$OUT/hf" --retriever-url "$URL" --max-new-tokens 48 --max-turns 1 --topk 1 --device cpu \
+  2> "$OUT/infer.log" || { tail -20 "$OUT/infer.log"; exit 1; }
 
 echo "== 6. plots $(elapsed)"
 "$PY" -m train.plot "$RUN"
@@ -101,16 +94,10 @@ if [ ! -f runs/index/minilm/manifest.json ]; then
   "$PY" -m retrieval.build --corpus data/corpus.jsonl --out runs/index/minilm > "$OUT/index_dense.log" 2>&1 \
     || { tail -20 "$OUT/index_dense.log"; exit 1; }
 fi
-"$PY" - <<'PYEOF'
-from retrieval.client import LocalRetrievalClient, contents_of
-from retrieval.index import load_retriever
-from train import protocol
-q = "Who illustrated American Splendor?"
-res = LocalRetrievalClient(load_retriever("runs/index/minilm"), topk=3).retrieve([q])
-print(f"MiniLM over data/corpus.jsonl (5,148 passages); query: {q}")
-print(protocol.format_observation(contents_of(res[0])).strip()[:500], "...")
-PYEOF
-echo
+"$PY" -m train.demo dense runs/index/minilm
+
+echo "== 8. the demo's checks $(elapsed)"
+"$PY" -m train.demo check "$OUT" --steps "$STEPS"
 echo "logs: $RUN/train.log, $RUN/train_resume.log, $OUT/retriever.log; metrics: $RUN/metrics.jsonl;"
 echo "checkpoints: $RUN/checkpoints; merged model: $OUT/hf; per-question evaluation: $OUT/eval_{before,after}.jsonl"
 echo "done $(elapsed)"

@@ -11,13 +11,8 @@ DEST=${1:-data/wiki18}
 WHAT=${2:-corpus,e5}
 source scripts/_python.sh
 mkdir -p "$DEST"
-dl() {  # repo, pattern, local dir
-  "$PY" - "$1" "$2" "$3" <<'PYEOF'
-import sys
-from huggingface_hub import snapshot_download
-repo, pattern, dest = sys.argv[1:]
-snapshot_download(repo_id=repo, repo_type="dataset", allow_patterns=[pattern], local_dir=dest)
-PYEOF
+dl() {  # repo, pattern, local dir (retrieval/hub.py)
+  "$PY" -m retrieval.hub "$1" "$2" "$3"
 }
 size_ok() {  # file, min bytes
   local n; n=$(stat -c %s "$1" 2>/dev/null || echo 0)

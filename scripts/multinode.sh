@@ -70,37 +70,7 @@ case "$ROLE" in
     case "$CKPT_DIR" in /*) ;; *) echo "error: CKPT_DIR=$CKPT_DIR must be an absolute path on shared storage" >&2; exit 1;; esac
     case "$DATA_DIR" in /*) ;; *) echo "error: DATA_DIR=$DATA_DIR must be an absolute path on shared storage (the job's working dir holds code only)" >&2; exit 1;; esac
     mkdir -p "$CKPT_DIR"
-    "$PY" - "$RETRIEVER_URL" "$CKPT_DIR" "$DATA_DIR/train.parquet" "$DATA_DIR/val_sample.parquet" <<'PYEOF'
-import sys, ray, httpx
-url = sys.argv[1].removesuffix("/retrieve") + "/health"
-paths = sys.argv[2:]
-ray.init(address="auto")
-@ray.remote(num_cpus=0)
-def probe(u, paths):
-    import os, socket
-    missing = [p for p in paths if not os.path.exists(p)]
-    u = u.replace("{node_ip}", ray.util.get_node_ip_address())  # this node's replica
-    index = None
-    try:
-        r = httpx.get(u, timeout=10)
-        status = r.status_code
-        h = r.json() if status == 200 else {}
-        index = (h.get("kind"), h.get("passages"), h.get("indexed"), h.get("index_id"))  # what a replica serves
-    except Exception as e:
-        status = repr(e)
-    return f"{socket.gethostname()} ({u})", status, missing, index
-nodes = [n for n in ray.nodes() if n["Alive"]]
-res = ray.get([probe.options(scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(url, paths) for n in nodes])
-print("\n".join(f"{h}: retriever {s}, missing paths {m or 'none'}" for h, s, m, _ in res))
-bad = [r for r in res if r[1] != 200 or r[2]]
-if bad:
-    sys.exit(f"error: retriever unreachable or shared paths missing on {[r[0] for r in bad]}")
-served = {r[3] for r in res}
-if len(served) > 1:
-    sys.exit("error: the retriever replicas serve different indexes (kind, passages, indexed, index_id; copy one "
-             "index folder to every node): "
-             + "; ".join(f"{r[0]}: {r[3]}" for r in res))
-PYEOF
+    "$PY" -m train.cluster_check "$RETRIEVER_URL" "$CKPT_DIR" "$DATA_DIR/train.parquet" "$DATA_DIR/val_sample.parquet"
     PRESET=${PRESET:-grpo_llds}
     GEOM=$(preset_overrides "$PRESET") || exit 2
     [ -n "$REHEARSAL" ] && echo "rehearsal ($REHEARSAL): $PRESET with $GEOM on $NNODES nodes x $N_GPUS"

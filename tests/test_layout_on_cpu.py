@@ -25,7 +25,7 @@ NOT_COMMANDS = {"__init__", "plugin", "errors"}
 #: Commands users run that must not pay for verl, torch, Ray, transformers or Flask (their --help
 #: and light work start in well under a second).
 LIGHT_COMMANDS = ["data_prep", "geometry", "checkpoints", "rehearsal", "settings", "paper_runs", "plot",
-                  "evaluate", "tiny", "learnable"]
+                  "evaluate", "tiny", "learnable", "demo", "cluster_check"]
 HEAVY = ("verl", "torch", "ray", "transformers", "flask")
 MAX_LINES = 380
 #: __init__.py files that hold code, and why (every other one is a docstring, a map of its package).
