@@ -91,7 +91,7 @@ def bench_hf_engine(model: Path, index: Path, questions: list[str], rounds: int)
 
 
 def bench_engines(model: Path, index: Path, task: Path, n: int) -> None:
-    from train.evaluation.options import build_parser
+    from train.evaluation.options import EvalOptions
     from train.evaluation.results import load_rows, macro_em
     from train.evaluation.runner import run_model
 
@@ -99,12 +99,12 @@ def bench_engines(model: Path, index: Path, task: Path, n: int) -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for engines in (1, 2):
-            args = build_parser().parse_args(["--model", str(model), "--data", str(task / "data" / "train.parquet"),
+            opts = EvalOptions.parse(["--model", str(model), "--data", str(task / "data" / "train.parquet"),
                                               "--index", str(index), "--engines", str(engines),
                                               "--max-new-tokens", "64"])
             out = Path(tmp) / f"e{engines}.jsonl"
             t = time.perf_counter()
-            res, stats = run_model(args, str(model), rows, out)
+            res, stats = run_model(opts, str(model), rows, out)
             results[engines] = (time.perf_counter() - t, stats, res)
     print(f"\ntrain.evaluate, {n} questions, hf backend on the CPU ({os.cpu_count()} cores):")
     print("| engines | wall s (start-up included) | questions/s (asking) | generated tokens/s | EM |\n"

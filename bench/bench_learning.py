@@ -5,7 +5,7 @@
     python bench/bench_learning.py --variants flipped zero_off --seeds 0     # must not learn
 
 Builds the task and its warm start once (``--task``; an identical finished build is reused), serves its BM25 index,
-then runs (or reuses, when ``OUT/<variant>/seed<N>`` already holds a complete run) ``train/configs/cpu_learn.yaml``
+then runs (or reuses, when ``OUT/<variant>/seed<N>`` already holds a complete run) ``configs/cpu_learn.yaml``
 for ``--steps`` steps per (variant, seed), one run at a time
 (two CPU runs at once slow each other down badly). Prints, per run, the mean reward of the first and
 last ``--window`` steps and the rise; per variant, the mean, spread and minimum of the rise. Each

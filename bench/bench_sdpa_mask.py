@@ -4,7 +4,7 @@ builds from the restarting position ids, and what torch's SDPA makes of it, per 
     python bench/bench_sdpa_mask.py [--tokens 2048 4096 8192 16384] [--dtype bf16]
 
 The time column (the wall time per token of a second forward, after one that warms up) is why the
-CPU configs pack 2,048 tokens (train/configs/_cpu.yaml): on CPU the masked math kernel's work grows with the
+CPU configs pack 2,048 tokens (configs/_cpu.yaml): on CPU the masked math kernel's work grows with the
 square of the micro-batch's tokens.
 
 A one-layer Qwen2 with a small hidden size, so that the mask dominates: each size runs a forward

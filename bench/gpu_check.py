@@ -176,10 +176,10 @@ def part_fork(rep: Report, device: str, work: Path) -> None:
     code = (f"import sys; sys.path[:0] = [{str(fakes)!r}, {str(ROOT)!r}]\nfrom pathlib import Path\n"
             "from train import evaluate\n"
             "from train.evaluation import options as eval_options, runner as eval_runner\n"
-            f"args = eval_options.build_parser().parse_args(['--model', {str(model)!r}, '--data', 'x', "
+            f"opts = eval_options.EvalOptions.parse(['--model', {str(model)!r}, '--data', 'x', "
             "'--backend', 'vllm', "
             "'--method', 'direct'])\n"
-            f"eval_runner.run_model(args, args.model, [], Path({str(work / 'o.jsonl')!r}))\n")
+            f"eval_runner.run_model(opts, opts.ask.model, [], Path({str(work / 'o.jsonl')!r}))\n")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("ENGINE")), "")
     parts = line.split()

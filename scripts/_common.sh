@@ -3,7 +3,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/_python.sh"
 MODEL=${MODEL:-Qwen/Qwen2.5-3B}
 DATA_DIR=${DATA_DIR:-data/processed}
 # REHEARSAL=cpu: the preset on a CPU machine with a tiny model (MODEL=a local path), 2 ranks; only what
-# the hardware forces changes (train/configs/rehearsal/cpu.yaml, train/rehearsal.py).
+# the hardware forces changes (configs/rehearsal/cpu.yaml, train/rehearsal.py).
 REHEARSAL=${REHEARSAL:-}
 case "$REHEARSAL" in
   "") ;;

@@ -78,7 +78,7 @@ def url_of(report: dict, name: str) -> str | None:
 def preset_attention() -> set[str]:
     """The attention backends the presets name (``attn_implementation: X`` lines outside comments)."""
     found = set()
-    for path in sorted((ROOT / "train" / "configs").rglob("*.yaml")):
+    for path in sorted((ROOT / "configs").rglob("*.yaml")):
         for line in path.read_text().splitlines():
             m = re.match(r"\s*attn_implementation:\s*([A-Za-z0-9_]+)", line.split("#", 1)[0])
             if m:

@@ -5,7 +5,7 @@
 # and LLDS's lambda from one table (train/paper_runs.py: 7B-Instruct lambda 0.3, else 0.2; step 650
 # 3B-Ins, 600 3B-Base, 450 7B-Base, 650 7B-Ins). Baseline rows (grpo, ppo) are "the best checkpoint
 # before collapse": without STEP the run keeps every checkpoint, each is evaluated on the validation
-# sample (python -m train.evaluate --checkpoints; CKPT_DIR/eval_steps/) and the best step is taken.
+# sample (python -m train.evaluate --checkpoints; CKPT_DIR/eval/, its default) and the best step is taken.
 # STEP, LAMBDA and PAPER_ROW in the environment override the table (a model it does not know, a local
 # one say, needs PAPER_ROW, and STEP unless the best step is wanted); EVAL_ARGS are passed to
 # train.evaluate on the test set (EVAL_OUT names its jsonl), STEPS_ARGS to the per-checkpoint evaluation.
@@ -33,7 +33,7 @@ PAPER_ROW=${USER_ROW:-$PAPER_ROW}
 WIKI18=${WIKI18:-data/wiki18}
 EXP=${EXP:-${PRESET}_$(basename "$MODEL")}
 CKPT_DIR=${CKPT_DIR:-checkpoints/search_r1_llds/$EXP}
-STEPS_OUT=$CKPT_DIR/eval_steps
+STEPS_OUT=$CKPT_DIR/eval  # where python -m train.evaluate --checkpoints writes by default
 if [ -n "$STEP" ]; then
   echo "reproducing '$PAPER_ROW': $MODEL, preset $PRESET, evaluated at step $STEP${LAMBDA:+, lambda $LAMBDA}"
 else

@@ -88,9 +88,17 @@ def main(paths):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--live"]:
-        args = sys.argv[2:]
-        total = int(args[args.index("--steps") + 1]) if "--steps" in args else None
-        live(sys.stdin, total)
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python scripts/step_metrics.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("logs", nargs="*", help="verl console logs (the table of every step, and the reward rise)")
+    ap.add_argument("--live", action="store_true", help="follow standard input: one line per step as it is logged")
+    ap.add_argument("--steps", type=int, default=None, help="with --live: the run's number of steps (step N/STEPS)")
+    args = ap.parse_args()
+    if args.live:
+        live(sys.stdin, args.steps)
         sys.exit(0)
-    sys.exit(main(sys.argv[1:]))
+    if not args.logs:
+        ap.error("give a log, or --live to read standard input")
+    sys.exit(main(args.logs))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One node, N GPUs: the grpo preset (train/configs/grpo.yaml). Env: MODEL, DATA_DIR, N_GPUS, RETRIEVER_URL.
+# One node, N GPUs: the grpo preset (configs/grpo.yaml). Env: MODEL, DATA_DIR, N_GPUS, RETRIEVER_URL.
 # Extra arguments are Hydra overrides, e.g.  bash scripts/train_grpo.sh trainer.total_training_steps=100
 set -euo pipefail
 cd "$(dirname "$0")/.."

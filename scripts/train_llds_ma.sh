@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One node, N GPUs: the grpo_llds_ma preset (train/configs/grpo_llds_ma.yaml). Env: MODEL, DATA_DIR, N_GPUS, RETRIEVER_URL.
+# One node, N GPUs: the grpo_llds_ma preset (configs/grpo_llds_ma.yaml). Env: MODEL, DATA_DIR, N_GPUS, RETRIEVER_URL.
 # Extra arguments are Hydra overrides, e.g.  bash scripts/train_llds_ma.sh trainer.total_training_steps=100
 set -euo pipefail
 cd "$(dirname "$0")/.."

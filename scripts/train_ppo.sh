@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One node, N GPUs: the ppo preset (train/configs/ppo.yaml). Env: MODEL, DATA_DIR, N_GPUS, RETRIEVER_URL.
+# One node, N GPUs: the ppo preset (configs/ppo.yaml). Env: MODEL, DATA_DIR, N_GPUS, RETRIEVER_URL.
 # Extra arguments are Hydra overrides, e.g.  bash scripts/train_ppo.sh trainer.total_training_steps=100
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -20,7 +20,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
-SHARED_TOKENIZER = ROOT.parent / "shared" / "data" / "qwen2.5_tokenizer"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -258,7 +257,7 @@ LEARN_STEPS, LEARN_SEED, LEARN_SAVE_EVERY = 10, 0, 5
 
 @pytest.fixture(scope="session")
 def learn_run(learn_task, learn_bm25_index, tmp_path_factory):
-    """``(run_dir, {step: metrics})`` of one GRPO + LLDS run on the learnable task (train/configs/cpu_learn.yaml
+    """``(run_dir, {step: metrics})`` of one GRPO + LLDS run on the learnable task (configs/cpu_learn.yaml
     from the warm start, 2 ranks; about 3 min): the learning test reads its curve, the per-checkpoint
     evaluation its checkpoints (``run_dir/checkpoints/global_step_{5,10}``), the outage test
     (tests/trainer/test_fault_runs_on_cpu.py) ``run_dir/outage.json`` and its log. Its retriever is a real

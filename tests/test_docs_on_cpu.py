@@ -1,5 +1,6 @@
-"""The user docs (README.md, CONTRIBUTING.md, docs/*.md) hold only commands that run as pasted and links
-that resolve, and speak about the product, not about how it is developed.
+"""The user docs (every ``*.md`` of the tree: README.md, CONTRIBUTING.md, docs/, bench/RESULTS.md, ...)
+hold only commands that run as pasted and links that resolve, and speak about the product, not about
+how it is developed (tests/test_references_on_cpu.py checks the sections, paths and flags they name).
 
 Offline, pure Python, no heavy imports: a command is checked by what it names (a script, a make target,
 a module), not run.
@@ -21,8 +22,10 @@ MAX_README_LINES = 300
 
 
 def doc_files() -> list[Path]:
-    files = [README, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
-    return [f for f in files if f.is_file()]
+    """Every ``*.md`` of the tree (README, CONTRIBUTING, docs/, bench/RESULTS.md, data/README.md, ...)."""
+    from tests.test_references_on_cpu import md_files
+
+    return md_files()
 
 
 def rel(path: Path) -> str:
@@ -311,7 +314,8 @@ DEV_PHRASES = [
     r"\bissue\s*#\s*\d+", r"\bissue \d+\b", r"\bthis session\b", r"\bsessions? so far\b",
     r"\b(first|second|third|fourth|fifth|sixth|seventh|last|previous|next) session\b",
     r"\bthe last review\b", r"\breview pass\b", r"\bround [0-9]\b", r"\bwe fixed\b", r"\bthe brief\b",
-    r"\bsteering repository\b",
+    r"\bsteering repository\b", r"\bsessions?\b", r"\bthe issue'?s?\b", r"\b(?:was|were|is|none) lent\b",
+    r"\bno GPU lent\b", r"\bsaid before\b", r"\bit now\b",
 ]
 
 

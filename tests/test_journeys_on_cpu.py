@@ -1,5 +1,5 @@
 """The README's journeys run as a user types them, on the bundled data and a tiny model, with the one
-CPU switch (``REHEARSAL=cpu``, train/configs/rehearsal/cpu.yaml) and nothing else changed but paths and ports:
+CPU switch (``REHEARSAL=cpu``, configs/rehearsal/cpu.yaml) and nothing else changed but paths and ports:
 ``retrieval_launch.sh`` (BM25 and MiniLM), every ``scripts/train_*.sh`` launcher for a step (``train_ppo.sh``:
 tests/test_rehearsal_on_cpu.py), ``scripts/evaluate.sh``, ``infer.py --file`` and
 ``scripts/reproduce_paper.sh`` end to end (a local model, so ``PAPER_ROW`` names the row; the best step
@@ -193,9 +193,9 @@ def test_reproduce_paper_end_to_end(journey):
     assert f"left running: the retriever at {journey['url']}, as it was before this script" in text
     assert "reproducing '3B-Ins GRPO'" in text and "the best checkpoint before collapse" in text
     assert "rehearsal (cpu): grpo" in text and "checkpoints.keep_last=0" not in text.split("rehearsal (cpu)")[0]
-    steps = [json.loads(line) for line in (work / "repro" / "eval_steps" / "steps.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (work / "repro" / "eval" / "steps.jsonl").read_text().splitlines()]
     assert [d["step"] for d in steps] == [1, 2]
-    best = json.loads((work / "repro" / "eval_steps" / "best.json").read_text())["step"]
+    best = json.loads((work / "repro" / "eval" / "best.json").read_text())["step"]
     assert f"best step on the validation sample: {best}" in text
     assert (work / "repro" / f"global_step_{best}" / "hf" / "config.json").is_file()
     assert "paper EM" in text and "over 2 of the paper's 7 sources" in text

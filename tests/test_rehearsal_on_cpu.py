@@ -49,7 +49,7 @@ def test_rehearsal_changes_only_the_documented_keys(preset):
                 "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.use_dynamic_bsz", "search_r1.max_turns",
                 "llds.enable", "trainer.test_freq", "trainer.save_freq", "trainer.logger", "algorithm.adv_estimator"):
         assert shipped.get(key) == rehearsed.get(key), key
-    # the preset's FSDP2 (train/configs/_base.yaml), not one the rehearsal forces: CI trains, saves and merges
+    # the preset's FSDP2 (configs/_base.yaml), not one the rehearsal forces: CI trains, saves and merges
     # checkpoints through the engine a GPU run uses
     for key in ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.fsdp_config.strategy",
                 "actor_rollout_ref.ref.strategy", "actor_rollout_ref.ref.fsdp_config.strategy", "critic.strategy",

@@ -88,8 +88,9 @@ def test_wheel_holds_every_module_and_the_packaged_files(wheel):
     missing = sorted(_checkout_files(ROOT) - shipped)
     assert not missing, f"in the checkout but not in the wheel (a subpackage left out of pyproject.toml?): {missing}"
     assert not sorted(shipped - _checkout_files(ROOT)), "in the wheel but not in the checkout (a stale build/?)"
-    presets = {p.relative_to(ROOT).as_posix() for p in (ROOT / "train" / "configs").rglob("*.yaml")}
-    assert "train/configs/grpo_llds.yaml" in presets
+    # configs/ at the top of the checkout lands inside the package
+    presets = {"train/" + p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").rglob("*.yaml")}
+    assert {"train/configs/grpo_llds.yaml", "train/configs/rehearsal/cpu.yaml"} <= presets
     assert not sorted(presets - names), f"presets missing from the wheel: {sorted(presets - names)}"
     assert "train/evaluation/paper_results.json" in names
     assert not [n for n in names if n.split("/", 1)[0] in ("tests", "bench", "scripts", "data")], sorted(names)
@@ -148,3 +149,32 @@ def test_installed_wheel_reads_the_packaged_paper_table(venv):
              env=venv["env"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "PAPER_ROW=" in r.stdout and "PAPER_STEP=650" in r.stdout, r.stdout
+
+
+#: the console scripts (pyproject.toml [project.scripts]) and what their --help shows
+SCRIPTS = {"search-r1-train": "powered by Hydra", "search-r1-infer": "usage: infer.py",
+           "search-r1-evaluate": "usage: python -m train.evaluate", "search-r1-data": "usage",
+           "search-r1-plot": "usage", "search-r1-index": "usage", "search-r1-retriever": "usage"}
+
+
+def test_console_scripts_are_immune_to_a_train_py_in_the_working_folder(venv, tmp_path):
+    """A user's own train.py (or retrieval.py) beside them shadows the package for `python -m train.X`
+    (its sys.path starts with the working folder); the console scripts import the installed package."""
+    work = tmp_path / "mine"
+    work.mkdir()
+    for name in ("train.py", "retrieval.py"):
+        (work / name).write_text("raise SystemExit('the working folder\\'s own module was imported')\n")
+    shadowed = _run([venv["py"], "-m", "train.evaluate", "--help"], cwd=work, env=venv["env"])
+    assert shadowed.returncode != 0, "python -m train.X was not shadowed: this test shows nothing"
+    for script, expect in SCRIPTS.items():
+        r = _run([venv["venv"] / "bin" / script, "--help"], cwd=work, env=venv["env"])
+        assert r.returncode == 0 and expect in r.stdout + r.stderr, f"{script}: {r.stderr[-2000:]}"
+
+
+def test_the_installed_infer_command_answers(venv, tiny_model_dir, bm25_index_dir):
+    """`search-r1-infer "..."` from the wheel asks a model (a tiny one here) over an in-process index."""
+    r = _run([venv["venv"] / "bin" / "search-r1-infer", "What is the capital of France?", "--model", tiny_model_dir,
+              "--index", bm25_index_dir, "--max-new-tokens", "8", "--max-turns", "1", "--device", "cpu"],
+             cwd=venv["cwd"], env=venv["env"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Question: What is the capital of France?" in r.stdout and "Answer:" in r.stdout, r.stdout[-2000:]

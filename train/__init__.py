@@ -1,9 +1,10 @@
 """Search-R1 + LLDS on verl 0.9.1.
 
-Files directly in ``train/`` are the commands (``python -m train.<name>``) and ``plugin.py`` (verl's
-entry point); the subpackages hold the pipeline, one concern each, and import one way:
+Files directly in ``train/`` are the commands (``python -m train.<name>``), ``plugin.py`` (verl's
+entry point), ``errors.py`` (the errors a user sees) and ``files.py`` (the one atomic file writer);
+the subpackages hold the pipeline, one concern each, and import one way:
 
-    errors  <-  search_r1, llds  <-  workers  <-  cpu, inference  <-  trainer  <-  evaluation, toy  <-  commands
+    errors, files  <-  search_r1, llds  <-  workers  <-  cpu, inference  <-  trainer  <-  evaluation, toy  <-  commands
 
 - ``search_r1/``   the task: the text protocol, search settings, the agent loop, the rollout manager,
                    the reward, dataset rows
@@ -17,7 +18,7 @@ entry point); the subpackages hold the pipeline, one concern each, and import on
 - ``evaluation/``  the paper's table: options, results file, report, runner, engine pool and worker,
                    checkpoint sweep
 - ``toy/``         the tiny offline policy and the learnable task (tests, demo, bench)
-- ``configs/``     the presets (Hydra), shipped inside the package
+The presets (Hydra) are ``configs/`` at the top of the checkout, shipped inside the package by a wheel.
 
 Nothing here imports verl or torch: reading a path costs nothing.
 """
@@ -27,8 +28,9 @@ from pathlib import Path
 #: the package folder; its parent is the source checkout (or site-packages in an installed wheel)
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
-#: the presets (train/configs/*.yaml), inside the package so that an installed wheel has them
-CONFIG_DIR = str(PACKAGE_DIR / "configs")
+#: the presets: configs/*.yaml at the top of a checkout, which a wheel ships inside the package as
+#: train/configs (pyproject.toml's package-dir): the installed folder when there is one, else the checkout's
+CONFIG_DIR = str(PACKAGE_DIR / "configs" if (PACKAGE_DIR / "configs").is_dir() else REPO_ROOT / "configs")
 #: the bundled data of a source checkout (corpus.jsonl, qa.jsonl): not in a wheel; commands that default
 #: to it say so when it is absent
 DATA_DIR = REPO_ROOT / "data"

@@ -23,25 +23,24 @@ from train.errors import EngineDead, RetrieverDown, UserError, exit_on_error
 @exit_on_error
 def main(argv=None, generator=None) -> int:
     """``generator`` (a server manager) replaces the model backend; tests pass a scripted one."""
-    from train.evaluation.options import build_parser, check_args
+    from train.evaluation.options import EvalOptions
     from train.evaluation.report import describe_speed, paper_row, table
     from train.evaluation.results import load_rows
     from train.evaluation.runner import run_model
 
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    check_args(ap, args)
-    paper = paper_row(args.paper_row)
-    rows = load_rows(args.data, args.sources.split(",") if args.sources else None, args.limit)
+    opts = EvalOptions.parse(argv)
+    paper = paper_row(opts.paper_row)
+    rows = load_rows(opts.data, list(opts.sources) if opts.sources else None, opts.limit)
     if not rows:
         raise UserError("no rows selected")
     try:
-        if args.checkpoints:
+        if opts.checkpoints:
             from train.evaluation.checkpoint_sweep import evaluate_checkpoints
 
-            return evaluate_checkpoints(args, rows, paper, generator)
-        out = Path(args.out or Path("runs/eval") / (Path(args.model.rstrip("/")).name + ".jsonl"))
-        results, stats = run_model(args, args.model, rows, out, generator)
+            return evaluate_checkpoints(opts, rows, paper, generator)
+        model = opts.ask.model
+        out = Path(opts.out or Path("runs/eval") / (Path(model.rstrip("/")).name + ".jsonl"))
+        results, stats = run_model(opts, model, rows, out, generator)
     except EngineDead as e:
         raise EngineDead(f"{e}; the rows written so far are kept in the results file: rerun the same command "
                          f"to evaluate the others") from None

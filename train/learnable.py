@@ -24,7 +24,7 @@ the reward, LLDS), not the paper's task. Generated here with a fixed seed; nothi
 
     python -m train.learnable OUT_DIR   # OUT_DIR/{corpus.jsonl, qa.jsonl, data/{train,test}.parquet, model/}
 
-``train/configs/cpu_learn.yaml`` is the RL run on it; ``make demo`` runs both, ``tests/toy/test_learning_on_cpu.py``
+``configs/cpu_learn.yaml`` is the RL run on it; ``make demo`` runs both, ``tests/toy/test_learning_on_cpu.py``
 asserts the rise, ``bench/bench_learning.py`` measures it over seeds.
 """
 

@@ -8,7 +8,7 @@ hands :class:`~train.trainer.task_runner.SearchR1TaskRunner` to verl's ``run_ppo
 :class:`~train.trainer.ray_trainer.SearchR1Trainer` (verl's ``RayPPOTrainer`` plus the agent
 statistics, the collapse alarm and complete checkpoints), installs the LLDS actor loss
 (:mod:`train.llds.loss`) with ``set_loss_fn`` and calls ``fit``. With ``VERL_PLATFORM=cpu`` the same
-loop runs on CPU (:mod:`train.cpu`). The presets: ``train/configs/``.
+loop runs on CPU (:mod:`train.cpu`). The presets: ``configs/``.
 
 Exit status: 0 done; 2 a config, data, checkpoint or environment problem (one line, before Ray when
 it can be found there); 143 stopped by SIGTERM (the newest complete checkpoint resumes).

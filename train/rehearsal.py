@@ -1,6 +1,6 @@
 """python -m train.rehearsal: The CPU rehearsal of the training launchers: ``REHEARSAL=cpu bash scripts/train_llds.sh``.
 
-The shipped preset, plus ``train/configs/rehearsal/cpu.yaml`` (composed after it as ``+rehearsal=cpu``),
+The shipped preset, plus ``configs/rehearsal/cpu.yaml`` (composed after it as ``+rehearsal=cpu``),
 plus the batch sizes this module prints. Only what a CPU machine and a tiny model force changes
 (:data:`CHANGES`); updates per rollout batch, samples per prompt, KL, clipping, top_p, turns,
 token packing, LLDS, validation cadence, checkpointing and logging stay the preset's.
@@ -16,7 +16,7 @@ import argparse
 import sys
 
 #: every key the rehearsal may change, and why (prefix match on the dotted key). The FSDP strategy is not
-#: one: the presets use FSDP2 on every platform (train/configs/_base.yaml), so CI's rehearsal runs theirs.
+#: one: the presets use FSDP2 on every platform (configs/_base.yaml), so CI's rehearsal runs theirs.
 CHANGES = {
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32 weights",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.": "fp32 compute: the hf rollout samples in fp32",
@@ -25,7 +25,7 @@ CHANGES = {
                                                           "kernel on CPU costs the square of a micro-batch's tokens",
     "actor_rollout_ref.ref.": "the reference model follows the actor (dtype, no compile, token cap)",
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "follows the actor's token cap",
-    "actor_rollout_ref.rollout.name": "hf: transformers generate (no vLLM in the CPU environment)",
+    "actor_rollout_ref.rollout.name": "hf: the batched transformers engine (no vLLM in the CPU environment)",
     "actor_rollout_ref.rollout.agent.num_workers": "1 agent-loop worker per node (2 cores; verl places them "
                                                    "round-robin, so every node runs rollouts)",
     "critic.fsdp.": "fp32, no compile, as the actor",

@@ -1,10 +1,11 @@
 """python -m train.settings: every training, rollout, retrieval and evaluation setting of the presets beside the
-paper's value and the released code's, as one table (the README's "Settings: paper, released code, this project").
+paper's value and the released code's, as one table
+(docs/settings.md, "Settings: paper, released code, this project").
 
 Each row names the config key it describes and the value each preset must have;
 ``tests/trainer/test_settings_on_cpu.py`` composes every preset and checks it against the table, and checks
-that the README holds the table as :func:`markdown` renders it. A change to a preset, or to a verl
-default a preset inherits, cannot silently diverge from what the README says.
+that docs/settings.md holds the table as :func:`markdown` renders it. A change to a preset, or to a verl
+default a preset inherits, cannot silently diverge from what the docs say.
 
     python -m train.settings          # print the markdown table
 """

@@ -27,12 +27,13 @@ vllm = pytest.importorskip("vllm")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-#: What a CPU run of the vLLM rollout needs beyond cpu_smoke (see README, "vLLM on CPU").
+#: What a CPU run of the vLLM rollout needs beyond cpu_smoke (see docs/cpu.md, "verl's vLLM rollout on CPU").
 VLLM_CPU = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async",
             "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.enforce_eager=true",
             "+actor_rollout_ref.rollout.enable_sleep_mode=false"]
 #: Synced runs measured 6e-8 to 1.1e-7 per step (both sides fp32); 0.0010-0.0014 while the actor still
-#: computed in verl's default bf16; 3.3-3.4 with the sync disabled (bench/RESULTS.md, "vLLM on CPU").
+#: computed in verl's default bf16; 3.3-3.4 with the sync disabled
+#: (bench/RESULTS.md, "verl's vLLM rollout on vLLM's CPU build").
 MAX_LOG_PPL_GAP = 1e-4
 
 

@@ -19,7 +19,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-import infer  # noqa: E402
+from train import infer  # noqa: E402
 
 # The stand-in vllm (bench/gpu_check.py): a GPU platform, and an engine whose construction records
 # what CUDA calls this process made before it, then stops the run (nothing past the engine's start is
@@ -73,9 +73,9 @@ def test_no_cuda_initialisation_before_the_vllm_engine_is_built(tmp_path, tiny_m
     rec = run_child(tmp_path / "eval", f"""
         from train import evaluate
         from train.evaluation import options as eval_options, results as eval_results, runner as eval_runner
-        args = eval_options.build_parser().parse_args(["--model", {str(tiny_model_dir)!r}, "--data", "x",
-                                                   "--backend", "vllm", "--method", "direct"])
-        eval_runner.run_model(args, args.model, [], __import__("pathlib").Path({str(tmp_path / 'o.jsonl')!r}))
+        opts = eval_options.EvalOptions.parse(["--model", {str(tiny_model_dir)!r}, "--data", "x",
+                                              "--backend", "vllm", "--method", "direct"])
+        eval_runner.run_model(opts, opts.ask.model, [], __import__("pathlib").Path({str(tmp_path / 'o.jsonl')!r}))
     """)
     assert rec["cuda_calls"] == [], f"CUDA touched before the engine was built: {rec['cuda_calls']}"
     assert rec["start_method"] == "spawn"
@@ -85,7 +85,7 @@ def test_no_cuda_initialisation_before_the_vllm_engine_is_built(tmp_path, tiny_m
     assert kw["enforce_eager"] is False and kw["enable_prefix_caching"] is True
 
     rec = run_child(tmp_path / "infer", f"""
-        import infer
+        from train import infer
         infer.main(["who wrote hamlet", "--model", {str(tiny_model_dir)!r}, "--backend", "vllm",
                     "--index", {str(bm25_index_dir)!r}, "--max-num-seqs", "64", "--max-num-batched-tokens", "4096",
                     "--gpu-memory-utilization", "0.7"])
@@ -279,7 +279,8 @@ def test_infer_file_writes_each_answer_and_resumes(tiny_tokenizer, bm25_index_di
     f.write_text("".join(json.dumps({**r, "question": "other " + r["question"]}) + "\n" for r in rows))
     from tests.conftest import refuses
 
-    refuses(lambda a: infer.main(a, generator=gen2), argv, capsys, "answers to other questions", code=2)
+    refuses(lambda a: infer.main(a, generator=gen2), argv, capsys,
+            "holds results for other data: 6 rows .e.g. id .0.. have a different question", code=2)
 
 
 def test_evaluator_with_one_dead_engine_keeps_its_rows(tiny_tokenizer, tmp_path, qa_path, capsys):

@@ -8,8 +8,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-import infer  # noqa: E402
-from train import evaluate  # noqa: E402
+from train import evaluate, infer  # noqa: E402
 from train.evaluation import report as eval_report  # noqa: E402
 from train.evaluation import results as eval_results  # noqa: E402
 

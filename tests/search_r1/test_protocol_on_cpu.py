@@ -4,7 +4,8 @@ import pytest
 
 from train.search_r1 import protocol as P
 
-SHARED_TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "data" / "qwen2.5_tokenizer"
+#: the real Qwen2.5 tokenizer, bundled with the tests (tests/data/README.md)
+QWEN_TOKENIZER = Path(__file__).resolve().parents[1] / "data" / "qwen2.5_tokenizer"
 
 
 def test_prompt_is_search_r1_text():
@@ -80,11 +81,11 @@ def test_count_searches_and_valid_sequence():
     assert not P.is_valid_sequence("<think>a</think>" + P.INVALID_ACTION_MESSAGE + "<answer>x</answer>")
 
 
-@pytest.mark.skipif(not SHARED_TOKENIZER.is_dir(), reason="Qwen2.5 tokenizer files not present")
 def test_tags_under_the_real_qwen_tokenizer():
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(SHARED_TOKENIZER)
+    tok = AutoTokenizer.from_pretrained(QWEN_TOKENIZER)
+    assert (len(tok), tok.vocab_size) == (151665, 151643)
     text = "<think>x</think>\n<search> capital of France </search>"
     ids = tok(text)["input_ids"]
     assert tok.decode(ids) == text
@@ -103,3 +104,38 @@ def test_an_answer_does_not_span_an_observation():
     assert P.extract_answer(r) is None and P.answer_span(r) is None
     r += "<answer> right </answer>"
     assert P.extract_answer(r) == "right"
+
+
+def test_tagged_spans_cut_and_rejoin():
+    text = "a <think> x </think>\n<search> q </search> b <answer> y </answer><information>z</information> c"
+    spans = P.tagged_spans(text)
+    assert "".join(p for _, p in spans) == text
+    assert [k for k, _ in spans] == [None, "think", None, "search", None, "answer", "information", None]
+    assert P.tagged_spans("<search> unclosed") == [(None, "<search> unclosed")]
+
+
+def test_only_the_protocol_module_spells_the_tags():
+    """The tags live in train/search_r1/protocol.py; code elsewhere uses its constants (infer.py coloured
+    the tags with regexes of its own). Comments and docstrings may name them; string constants may not."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    tags = ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>")
+    # settings.py: the docs table's words; toy/: the scripted outputs a toy policy is taught (model text)
+    allowed = {"train/search_r1/protocol.py", "train/settings.py", "train/toy/learnable_task.py",
+               "train/toy/tiny_model.py"}
+    bad = []
+    for path in [root / "infer.py", *sorted((root / "train").rglob("*.py")),
+                 *sorted((root / "retrieval").rglob("*.py"))]:
+        rel = str(path.relative_to(root))
+        if rel in allowed:
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+                    and any(t in node.value for t in tags):
+                bad.append(f"{rel}:{node.lineno}: {node.value[:60]!r}")
+    assert not bad, "tags spelled outside the protocol module:\n" + "\n".join(bad)

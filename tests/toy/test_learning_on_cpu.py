@@ -1,6 +1,6 @@
 """The pipeline learns: GRPO + LLDS on the learnable task (train/learnable.py) raises the reward.
 
-The whole production path on CPU (train/configs/cpu_learn.yaml: verl's trainer, 2 ranks, reference model
+The whole production path on CPU (configs/cpu_learn.yaml: verl's trainer, 2 ranks, reference model
 + KL, the search_r1 agent loop against a live BM25 server, the EM reward, the LLDS loss, the collapse
 alarm), from the task's warm start, 10 steps, fixed seed. The threshold sits between the rise of
 healthy runs and of sabotaged ones, both measured over seeds with bench/bench_learning.py (README,

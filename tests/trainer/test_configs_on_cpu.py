@@ -69,7 +69,7 @@ def test_compute_precision_is_explicit_and_shared_by_actor_and_ref(name, dtype):
 
 @pytest.mark.parametrize("name", [*PRESETS, "cpu_smoke", "cpu_learn"])
 def test_fsdp2_for_actor_ref_and_critic_on_every_platform(name):
-    """FSDP2 everywhere (train/configs/_base.yaml): verl's default FSDP1 cannot run on CPU, so a GPU run on
+    """FSDP2 everywhere (configs/_base.yaml): verl's default FSDP1 cannot run on CPU, so a GPU run on
     FSDP1 would train and checkpoint through code CI never runs. The strategy reaches the engine config
     verl's workers pick the engine by (EngineRegistry.new(backend=engine_config.strategy))."""
     from omegaconf import open_dict

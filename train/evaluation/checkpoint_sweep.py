@@ -16,12 +16,16 @@ folder inside the step is used as it is), and writes to ``--out`` (default ``CKP
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+from train.files import atomic_write
+
+if TYPE_CHECKING:
+    from train.evaluation.options import EvalOptions
 
 
 def read_steps(path: Path) -> dict[int, dict]:
@@ -100,14 +104,15 @@ def plot(rows: dict[int, dict], ckpt_dir: Path, out: Path) -> Optional[Path]:
     return path
 
 
-def evaluate_checkpoints(args, rows: list[dict], paper: Optional[dict], generator=None) -> int:
+def evaluate_checkpoints(opts: "EvalOptions", rows: list[dict], paper: Optional[dict], generator=None) -> int:
+    """Every complete checkpoint of ``opts.checkpoints``, each asked with ``opts.ask`` and its merged model."""
     from train.errors import RetrieverDown
     from train.evaluation.report import describe_speed, table
     from train.evaluation.results import macro_em
     from train.evaluation.runner import run_model
     from train.trainer import checkpoint_store as checkpoints
 
-    root = Path(args.checkpoints)
+    root = Path(opts.checkpoints)
     if not root.is_dir():
         print(f"error: --checkpoints {root}: no such folder", file=sys.stderr)
         return 2
@@ -115,10 +120,10 @@ def evaluate_checkpoints(args, rows: list[dict], paper: Optional[dict], generato
     if not steps:
         print(f"error: --checkpoints {root}: no global_step_N folder in it", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else root / "eval"
+    out = Path(opts.out) if opts.out else root / "eval"
     out.mkdir(parents=True, exist_ok=True)
     summary = out / "steps.jsonl"
-    data = str(Path(args.data).resolve())
+    data = str(Path(opts.data).resolve())
     # a step counts as done only for the same data and questions (another --data, --limit or --sources
     # evaluates it again; its per-question jsonl then refuses rows for other questions)
     done = {s: d for s, d in read_steps(summary).items() if d.get("data") == data and d.get("asked") == len(rows)}
@@ -138,7 +143,7 @@ def evaluate_checkpoints(args, rows: list[dict], paper: Optional[dict], generato
                 print(f"step {step}: merging the FSDP shards to HF format ...", file=sys.stderr)
                 model = merge(folder, Path(tmp) / "hf")
             try:
-                results, stats = run_model(args, str(model), rows, out / f"global_step_{step}.jsonl", generator)
+                results, stats = run_model(opts, str(model), rows, out / f"global_step_{step}.jsonl", generator)
             except RetrieverDown as e:
                 message, _ = e.args
                 print(f"error: step {step}: {message}", file=sys.stderr)
@@ -157,9 +162,7 @@ def evaluate_checkpoints(args, rows: list[dict], paper: Optional[dict], generato
     for s, d in evaluated.items():
         print(f"{s:>8}{d['n']:>7}{d['em']:>8.3f}")
     best = best_step(evaluated)
-    tmp = summary.with_name("best.json.tmp")
-    tmp.write_text(json.dumps(best) + "\n")
-    os.replace(tmp, out / "best.json")
+    atomic_write(out / "best.json", json.dumps(best) + "\n")
     picture = plot(evaluated, root, out)
     print(f"best step: {best['step']} (EM {best['em']:.3f}); {out / 'best.json'}"
           + (f"; plot {picture}" if picture else ""))

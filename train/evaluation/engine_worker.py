@@ -1,6 +1,7 @@
 """One engine of the evaluator's pool, in its own process (started by
-:class:`~train.evaluation.pool.EnginePool` as ``python -m train.evaluation.engine_worker ARGS``, the
-evaluator's arguments): questions come one JSON line each on stdin, answers go back on stdout.
+:class:`~train.evaluation.pool.EnginePool` as ``python -m train.evaluation.engine_worker --settings JSON``,
+the :class:`~train.inference.settings.AskSettings` whole): it answers ``{"ready": true, "settings": ...}``
+with the settings it parsed, then questions come one JSON line each on stdin, answers go back on stdout.
 """
 
 from __future__ import annotations
@@ -68,14 +69,25 @@ def worker_main(argv: list[str]) -> int:
     channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    from train.evaluation.options import build_parser
-    from train.inference.asker import build_asker
+    import argparse
 
-    args = build_parser().parse_args(argv)
+    from train.inference.asker import build_asker
+    from train.inference.settings import AskSettings
+
+    ap = argparse.ArgumentParser(prog="python -m train.evaluation.engine_worker")
+    ap.add_argument("--settings", required=True, help="AskSettings.to_json()")
+    try:
+        settings = AskSettings.from_json(ap.parse_args(argv).settings)
+        wrong = settings.problems()
+        if wrong:
+            raise InferenceError(wrong[0])
+    except (InferenceError, ValueError, TypeError) as e:
+        print(f"error: --settings: {e}", file=sys.stderr)
+        return 2
 
     async def go() -> int:
-        asker = build_asker(args, temperature=0.0)
-        channel.write(json.dumps({"ready": True}) + "\n")
+        asker = build_asker(settings)
+        channel.write(json.dumps({"ready": True, "settings": json.loads(settings.to_json())}) + "\n")
         channel.flush()
         rc = await _serve(asker, channel)
         if rc == ENGINE_DEAD_EXIT:  # now: asyncio.run would wait for the stdin reader thread

@@ -1,9 +1,14 @@
-"""The evaluator's arguments (``python -m train.evaluate``): a leaf, read by the command and by the
-engine workers it starts."""
+"""The evaluator's arguments (``python -m train.evaluate``) and the one object they become:
+:class:`EvalOptions` (what to evaluate, where the rows go) holding the
+:class:`~train.inference.settings.AskSettings` every engine is built from."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from typing import Optional
+
+from train.inference.settings import AskSettings
 
 DESCRIPTION = """The 7-benchmark evaluation: greedy inference over a test parquet, EM/F1 per source.
 
@@ -24,8 +29,37 @@ Exit status: 0 done; 2 bad input; 3 the retriever failed (rows so far kept: reru
 """
 
 
+@dataclass(frozen=True)
+class EvalOptions:
+    """A run of the evaluator: the rows (``data``, ``sources``, ``limit``), where results go (``out``), the
+    engines, when to stop on failed searches, and the asker's settings (``ask``; its ``model`` is the
+    model evaluated, or None with ``checkpoints``)."""
+
+    ask: AskSettings
+    data: str
+    checkpoints: Optional[str] = None
+    engines: Optional[int] = None
+    sources: Optional[tuple[str, ...]] = None
+    limit: Optional[int] = None
+    out: Optional[str] = None
+    paper_row: Optional[str] = None
+    max_failure_rate: float = 0.5
+
+    @classmethod
+    def parse(cls, argv=None) -> "EvalOptions":
+        """The options of a command line (argparse errors exit 2, naming the flag)."""
+        from train.inference.settings import from_parsed
+
+        ap = build_parser()
+        args = ap.parse_args(argv)
+        check_args(ap, args)
+        return cls(ask=from_parsed(ap, args), data=args.data, checkpoints=args.checkpoints, engines=args.engines,
+                   sources=tuple(args.sources.split(",")) if args.sources else None, limit=args.limit,
+                   out=args.out, paper_row=args.paper_row, max_failure_rate=args.max_failure_rate)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from train.inference.asker import add_asker_flags
+    from train.inference.settings import add_flags
     from train.search_r1 import protocol
 
     ap = argparse.ArgumentParser(prog="python -m train.evaluate", description=DESCRIPTION,
@@ -40,7 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--engines", type=int, default=None,
                     help="inference engines, one process each (default: one per visible GPU, or per "
                          "--tensor-parallel-size GPUs; 1 without GPUs)")
-    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per vLLM engine (default 1)")
     ap.add_argument("--sources", default=None, help="comma-separated data_source names")
     ap.add_argument("--limit", type=int, default=None, help="at most N rows per source")
     ap.add_argument("--out", default=None, help="per-sample jsonl (default runs/eval/<model>.jsonl); with "
@@ -49,25 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-failure-rate", type=float, default=0.5,
                     help="stop when more than this share of the last 50 searches failed (default 0.5); rows "
                          "that saw a failed search are never written")
-    add_asker_flags(ap, concurrency_help="questions in flight per engine (default %(default)s)")
+    add_flags(ap, sampling=False, concurrency_help="questions in flight per engine (default %(default)s)")
     return ap
 
 
 
 def check_args(ap, args) -> None:
-    from train.inference.asker import check_asker_flags
-
     if args.limit is not None and args.limit < 1:
         ap.error("--limit must be >= 1")
     if not 0.0 <= args.max_failure_rate <= 1.0:
         ap.error("--max-failure-rate must be in [0, 1]")
     if args.engines is not None and args.engines < 1:
         ap.error("--engines must be >= 1")
-    if args.tensor_parallel_size < 1:
-        ap.error("--tensor-parallel-size must be >= 1")
-    if args.tensor_parallel_size > 1 and args.backend != "vllm":
-        ap.error("--tensor-parallel-size needs --backend vllm")
-    check_asker_flags(ap, args)
     if bool(args.model) == bool(args.checkpoints):
         ap.error("give --model or --checkpoints (one of them)")
 

@@ -13,7 +13,10 @@ flushed), so a worker's death loses no row and writes none twice; the questions 
 asked again on another engine. Workers get questions on stdin and answer on a private copy of their
 stdout (library prints go to their log, ``<out>.engineK.log``).
 
-    python -m train.evaluation.engine_worker [the evaluator's arguments]   (internal: one engine)
+    python -m train.evaluation.engine_worker --settings JSON   (internal: one engine, AskSettings.to_json())
+
+A worker gets the :class:`~train.inference.settings.AskSettings` whole (no flag is rewritten by hand) and
+answers "ready" with the settings it parsed; the pool refuses a worker whose settings differ.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Optional
 from train.errors import EngineDead, InferenceError
 from train.inference.asker import Result
 from train.inference.backends import vllm_engine_env
+from train.inference.settings import AskSettings
 
 
 class EnginesDown(EngineDead):
@@ -85,13 +89,14 @@ class _Worker:
 
 
 class EnginePool:
-    """``n`` worker processes, each running the evaluator's asker on its own engine."""
+    """``n`` worker processes, each running an asker built from ``settings`` on its own engine
+    (``settings.concurrency`` questions in flight each)."""
 
-    def __init__(self, worker_args: list[str], devices: list[Optional[str]], log_prefix: Path,
-                 concurrency: int = 256, start_timeout: float = 1800.0):
-        self.worker_args, self.devices, self.log_prefix = list(worker_args), list(devices), Path(log_prefix)
-        self.per_engine = concurrency
-        self.concurrency = concurrency * len(devices)  # questions evaluate() keeps in flight
+    def __init__(self, settings: AskSettings, devices: list[Optional[str]], log_prefix: Path,
+                 start_timeout: float = 1800.0):
+        self.settings, self.devices, self.log_prefix = settings, list(devices), Path(log_prefix)
+        self.concurrency = settings.concurrency * len(devices)  # questions evaluate() keeps in flight
+        self.worker_settings: list[Optional[dict]] = []  # what each worker said it parsed (its "ready")
         self.start_timeout = start_timeout
         self.workers: list[_Worker] = []
         self._next_id = 0
@@ -109,8 +114,8 @@ class EnginePool:
             log_path = self.log_prefix.with_name(f"{self.log_prefix.name}.engine{i}.log")
             log = open(log_path, "w")
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "train.evaluation.engine_worker", *self.worker_args,
-                "--concurrency", str(self.per_engine), stdin=asyncio.subprocess.PIPE,
+                sys.executable, "-m", "train.evaluation.engine_worker", "--settings", self.settings.to_json(),
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=log, env=env, limit=2**26)
             log.close()
             self.workers.append(_Worker(i, proc, log_path))
@@ -128,12 +133,21 @@ class EnginePool:
         except asyncio.TimeoutError:
             line = b""
         try:
-            ok = json.loads(line).get("ready") is True
+            msg = json.loads(line)
+            ok = msg.get("ready") is True
         except (json.JSONDecodeError, AttributeError):
-            ok = False
+            msg, ok = {}, False
         if not ok:
             await self.close()
             raise InferenceError(f"engine {w.index} did not start; the end of {w.log_path}:\n{w.log_tail()}")
+        self.worker_settings.append(msg.get("settings"))
+        sent = json.loads(self.settings.to_json())
+        if msg.get("settings") != sent:
+            await self.close()
+            got = msg.get("settings") or {}
+            diff = sorted(k for k in set(sent) | set(got) if sent.get(k) != got.get(k))
+            raise InferenceError(f"engine {w.index} was built with other settings than sent ({diff}); is the "
+                                 f"same version of this project installed for {sys.executable}?")
 
     async def _read(self, w: _Worker) -> None:
         while True:

@@ -3,13 +3,13 @@ interrupted run already wrote (resumable), EM per source."""
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
 from train.errors import DataError
-from train.evaluation.report import ORDER
+from train.evaluation.report import by_source
+from train.inference.results_file import ResultsFile
 from train.search_r1 import protocol
 
 
@@ -38,37 +38,10 @@ def load_rows(path: str, sources: Optional[list[str]], limit: Optional[int]) -> 
 
 
 
-def saw_failed_search(d: dict) -> bool:
-    """A stored row whose trajectory got the failure observation (older files have no count)."""
-    return int(d.get("failed_searches") or 0) > 0 or protocol.SEARCH_FAILED_TEXT in str(d.get("trajectory", ""))
-
-
 def read_done(path: Path) -> dict[str, dict]:
-    """Rows already evaluated. A row cut by an interruption, and a row that saw a failed search
-    (written by an older version), are not results: both are redone."""
-    done, redo = {}, 0
-    if path.is_file():
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    d = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by an interruption is redone
-                if saw_failed_search(d):
-                    redo += 1
-                    continue
-                done[d["uid"]] = d
-    if redo:
-        print(f"{path}: {redo} rows saw a failed search; they are redone")
-    return done
-
-
-def by_source(results: list[dict]) -> dict[str, list[dict]]:
-    """Rows grouped by data_source, in the paper's order (others after, sorted)."""
-    by = defaultdict(list)
-    for d in results:
-        by[d["data_source"]].append(d)
-    return {s: by[s] for s in [s for s in ORDER if s in by] + sorted(s for s in by if s not in ORDER)}
+    """Rows already evaluated, by uid (:meth:`train.inference.results_file.ResultsFile.read`: a row cut by
+    an interruption, and a row that saw a failed search, are not results: both are redone)."""
+    return ResultsFile.read(path, "uid")
 
 
 def macro_em(results: list[dict]) -> tuple[dict[str, float], float]:

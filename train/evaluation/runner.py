@@ -4,16 +4,16 @@ failed searches stop it (:class:`~train.errors.RetrieverDown`, with the results 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from train.errors import InferenceError, RetrieverDown
-from train.evaluation.results import read_done
+from train.errors import RetrieverDown
+from train.inference.results_file import ResultsFile
+
+if TYPE_CHECKING:
+    from train.evaluation.options import EvalOptions
 
 
 class FailureWindow:
@@ -48,29 +48,15 @@ async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: fl
 
     from train.search_r1.reward import compute_score
 
-    done = read_done(out_path)
-    stale = [r["uid"] for r in rows if r["uid"] in done
-             and (done[r["uid"]].get("question"), done[r["uid"]].get("golds")) != (r["question"], r["golds"])]
-    if stale:
-        raise InferenceError(f"{out_path} holds results for other data: {len(stale)} rows (e.g. uid {stale[0]!r}) "
-                             f"have a different question or gold answers than --data; pass another --out, or "
-                             f"delete the file to start over")
-    todo = [r for r in rows if r["uid"] not in done]
-    if done:
-        print(f"resuming: {len(rows) - len(todo)} of {len(rows)} rows already in {out_path}")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    if out_path.is_file():  # rewrite with the results only (no line an interruption cut short, no row
-        # with a failed search), so appends start on a clean line
-        tmp = out_path.with_name(out_path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in done.values()), encoding="utf-8")
-        os.replace(tmp, out_path)
+    results_file = ResultsFile(out_path, rows, key="uid", same=("question", "golds")).open()
+    todo = results_file.todo()
     bar = tqdm(total=len(todo), desc="evaluating", file=sys.stderr, unit="q")
     window = FailureWindow(max_failure_rate)
     counts = {"asked": 0, "generated_tokens": 0}
     t0 = time.perf_counter()
     left_out: list[str] = []  # rows whose trajectory saw a failed search: not written, redone next time
     stop: list[str] = []
-    with open(out_path, "a", encoding="utf-8") as f:
+    try:
         async def one(row):
             res = await asker.ask(row["question"])
             window.add(res.failed_searches + res.valid_searches, res.failed_searches)
@@ -87,9 +73,7 @@ async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: fl
                  "golds": row["golds"], "answer": res.answer, "em": s["em"], "f1": s["f1"],
                  "searches": res.searches, "failed_searches": 0, "stop_reason": res.stop_reason,
                  "generated_tokens": res.generated_tokens, "trajectory": res.response}
-            f.write(json.dumps(d, ensure_ascii=False) + "\n")
-            f.flush()
-            done[row["uid"]] = d
+            results_file.append(d)
 
         # A fixed pool of workers (the asker's concurrency): hundreds of questions in flight for a
         # batching engine, and no coroutine or agent loop built for a question before its turn.
@@ -102,10 +86,11 @@ async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: fl
                 await one(row)
 
         await asyncio.gather(*(worker() for _ in range(min(getattr(asker, "concurrency", 256), len(todo)) or 1)))
+    finally:
+        results = results_file.finish()  # in input order; on any stop too (what finished is kept)
     bar.close()
     if stats is not None:
         stats.update(counts, wall_s=time.perf_counter() - t0)
-    results = [done[r["uid"]] for r in rows if r["uid"] in done]
     if stop or left_out:
         url = getattr(getattr(asker, "client", None), "url", "the retriever")
         parts = []
@@ -123,40 +108,27 @@ async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: fl
     return results
 
 
-def worker_argv(args, model: str) -> list[str]:
-    argv = ["--model", model, "--data", args.data, "--backend", args.backend, "--method", args.method,
-            "--retriever-url", args.retriever_url, "--max-turns", str(args.max_turns), "--topk", str(args.topk),
-            "--max-new-tokens", str(args.max_new_tokens), "--tensor-parallel-size", str(args.tensor_parallel_size),
-            "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-            "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
-    if args.max_num_seqs:
-        argv += ["--max-num-seqs", str(args.max_num_seqs)]
-    for flag, value in (("--index", args.index), ("--corpus", args.corpus), ("--device", args.device)):
-        if value:
-            argv += [flag, value]
-    return argv
-
-
-def run_model(args, model: str, rows: list[dict], out: Path, generator=None) -> tuple[list[dict], dict]:
-    """Evaluate ``model`` on ``rows`` into ``out`` with one engine in this process or a pool of them;
-    returns the results and this run's ``stats`` (asked, generated_tokens, wall_s, engines)."""
+def run_model(opts: "EvalOptions", model: str, rows: list[dict], out: Path, generator=None) -> tuple[list[dict], dict]:
+    """Evaluate ``model`` on ``rows`` into ``out`` with one engine in this process or a pool of them, each
+    built from ``opts.ask`` with this model; returns the results and this run's ``stats`` (asked,
+    generated_tokens, wall_s, engines)."""
     from train.evaluation.pool import EnginePool, plan, visible_gpus
     from train.inference.asker import build_asker
 
-    devices = [None] if generator is not None else plan(args.engines, args.tensor_parallel_size, visible_gpus())
+    settings = opts.ask.replace(model=model)
+    devices = [None] if generator is not None else plan(opts.engines, settings.tensor_parallel_size, visible_gpus())
     stats: dict = {"engines": len(devices), "gpus": sum(len(d.split(",")) for d in devices if d)}
     if len(devices) == 1:
-        asker = build_asker(argparse.Namespace(**{**vars(args), "model": model}), generator, temperature=0.0)
-        return asyncio.run(evaluate(rows, asker, out, args.max_failure_rate, stats)), stats
+        asker = build_asker(settings, generator)
+        return asyncio.run(evaluate(rows, asker, out, opts.max_failure_rate, stats)), stats
 
     async def pooled():
-        pool = EnginePool(worker_argv(args, model), devices, out, concurrency=args.concurrency)
+        pool = EnginePool(settings, devices, out)
         await pool.start()
         try:
-            return await evaluate(rows, pool, out, args.max_failure_rate, stats)
+            return await evaluate(rows, pool, out, opts.max_failure_rate, stats)
         finally:
             await pool.close()
             stats["reasked"] = pool.reasked
 
     return asyncio.run(pooled()), stats
-

@@ -1,6 +1,6 @@
 """Multi-turn Search-R1 inference outside training, shared by ``infer.py`` and the evaluator: the
-:class:`Asker` (one question -> :class:`Result`), the flags both commands take and the factory that
-builds an asker from them (:func:`add_asker_flags`, :func:`build_asker`).
+:class:`Asker` (one question -> :class:`Result`) and the factory that builds one from the settings
+both commands take (:func:`build_asker`, :class:`train.inference.settings.AskSettings`).
 
 It runs the very agent loop used in training (:class:`train.search_r1.agent_loop.SearchR1AgentLoop`) with
 a generator backend (:mod:`train.inference.backends`) and a search client.
@@ -13,60 +13,29 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from train.errors import InferenceError
+from train.inference.settings import MAX_NEW_TOKENS, MAX_TURNS, TOPK, AskSettings
 from train.search_r1 import protocol
 from train.search_r1.config import SearchConfig
 
-#: the defaults outside training: the evaluation settings of the training config (search_r1 block)
-MAX_TURNS, TOPK, MAX_NEW_TOKENS = SearchConfig.val_max_turns, SearchConfig.topk, SearchConfig.max_turn_tokens
 
+def build_asker(settings: AskSettings, generator=None) -> "Asker":
+    """The asker for one engine in this process (``generator`` replaces the model backend in tests).
+    The tokenizer is loaded once: the hf engine's own, or (vLLM) before the engine is built, so that a
+    bad model fails before minutes of engine start-up."""
+    from train.inference.backends import check_model_path, load_tokenizer_and_check, make_generator, make_search_client
 
-def add_asker_flags(ap, concurrency_help: str = "questions in flight (default %(default)s)") -> None:
-    """The flags ``infer.py`` and ``python -m train.evaluate`` share (read by :func:`build_asker`)."""
-    from train.inference.backends import add_engine_flags
-
-    ap.add_argument("--backend", choices=["hf", "vllm"], default="hf")
-    ap.add_argument("--retriever-url", default="http://127.0.0.1:8000")
-    ap.add_argument("--index", default=None, help="index directory (or .index file) for an in-process retriever")
-    ap.add_argument("--corpus", default=None, help="corpus jsonl for --index without a manifest")
-    ap.add_argument("--max-turns", type=int, default=MAX_TURNS, help="searches per question (default %(default)s)")
-    ap.add_argument("--topk", type=int, default=TOPK, help="passages per search (default %(default)s)")
-    ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="per turn (default %(default)s)")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--concurrency", type=int, default=256, help=concurrency_help)
-    add_engine_flags(ap)
-
-
-def check_asker_flags(ap, args) -> None:
-    """argparse errors (exit 2, naming the flag) for bad :func:`add_asker_flags` values."""
-    from train.inference.backends import check_engine_flags
-
-    if args.concurrency < 1:
-        ap.error("--concurrency must be >= 1")
-    if args.topk < 1:
-        ap.error("--topk must be >= 1")
-    if args.max_turns < 0:
-        ap.error("--max-turns must be >= 0")
-    if args.max_new_tokens < 1:
-        ap.error("--max-new-tokens must be >= 1")
-    check_engine_flags(ap, args)
-
-
-def build_asker(args, generator=None, *, temperature: float = 0.0, seed: int = 0) -> "Asker":
-    """The asker for one engine in this process, from :func:`add_asker_flags` arguments (``generator``
-    replaces the model backend in tests). ``args.method`` (the evaluator's) defaults to the agent."""
-    from train.inference.backends import engine_settings, load_tokenizer_and_check, make_generator, make_search_client
-
-    method = getattr(args, "method", "search_r1")
-    tokenizer = getattr(generator, "tokenizer", None) or load_tokenizer_and_check(args.model)
+    tokenizer = getattr(generator, "tokenizer", None)
+    if tokenizer is None and (generator is not None or settings.backend != "hf"):
+        tokenizer = load_tokenizer_and_check(settings.model)
+    elif generator is None:
+        check_model_path(settings.model)  # before the retriever: a wrong path is named first
     client = None
-    if method in ("search_r1", "rag"):  # direct and cot need no retriever
-        client = make_search_client(args.retriever_url, args.corpus, args.index, topk=args.topk)
-    gen = generator or make_generator(args.model, args.backend, args.device, seed,
-                                      tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
-                                      vllm=engine_settings(args))
-    return Asker(gen, tokenizer, client, max_turns=args.max_turns, topk=args.topk, temperature=temperature,
-                 max_new_tokens=args.max_new_tokens, concurrency=args.concurrency, model_path=args.model,
-                 method=method)
+    if settings.method in ("search_r1", "rag"):  # direct and cot need no retriever
+        client = make_search_client(settings.retriever_url, settings.corpus, settings.index, topk=settings.topk)
+    gen = generator or make_generator(settings)
+    return Asker(gen, tokenizer or gen.tokenizer, client, max_turns=settings.max_turns, topk=settings.topk,
+                 temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
+                 concurrency=settings.concurrency, model_path=settings.model, method=settings.method)
 
 
 @dataclass

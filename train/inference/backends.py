@@ -1,6 +1,6 @@
 """The generation backends outside training and what builds them: vLLM's async engine
 (:class:`VLLMServerManager`), the batched transformers engine (:mod:`train.inference.hf_engine`), the
-one tokenizer/model loader they share, the vLLM engine flags, and the search client (HTTP server or an
+one tokenizer loader, and the search client (HTTP server or an
 in-process index). Every backend has verl's server-manager interface: ``await generate(request_id,
 prompt_ids=..., sampling_params=...) -> TokenOutput``.
 """
@@ -12,21 +12,25 @@ from pathlib import Path
 from typing import Optional
 
 from train.errors import EngineDead, InferenceError
-
-#: The released LLDS checkpoint used when --model is not given (SEGAgentRL on the Hugging Face hub:
-#: Qwen2.5-3B-Instruct trained with GSPO + LLDS-A, the best 3B row of the paper, avg EM .451).
-DEFAULT_MODEL = "SEGAgentRL/LLDS-A-GSPO-Qwen2.5-3B-Ins"
+from train.inference.settings import VLLM_DEFAULTS, AskSettings
 
 
 def looks_local(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~")) or os.path.exists(path) or path.count("/") != 1
 
 
+def check_model_path(model: str) -> None:
+    """A local model folder that is not there is an error here, before anything loads."""
+    if not model:
+        raise InferenceError("no --model given")
+    if looks_local(model) and not Path(os.path.expanduser(model)).is_dir():
+        raise InferenceError(f"model path not found: {model}")
+
+
 def load_tokenizer_and_check(model: str):
     from transformers import AutoTokenizer
 
-    if looks_local(model) and not Path(os.path.expanduser(model)).is_dir():
-        raise InferenceError(f"model path not found: {model}")
+    check_model_path(model)
     try:
         return AutoTokenizer.from_pretrained(os.path.expanduser(model))
     except OSError as e:
@@ -37,17 +41,6 @@ def is_engine_dead(exc: BaseException) -> bool:
     """``exc`` says the whole engine is gone, not one request: ours, or vLLM's ``EngineDeadError``
     (vllm/v1/engine/exceptions.py), which the front-end raises for every request once its core died."""
     return isinstance(exc, EngineDead) or any(c.__name__ == "EngineDeadError" for c in type(exc).__mro__)
-
-
-#: vLLM engine settings for evaluation and infer.py, written out instead of inherited: an engine built
-#: with ``AsyncLLMEngine.from_engine_args`` gets UsageContext.ENGINE_CONTEXT's defaults (vllm
-#: engine/arg_utils.py: 128 sequences, 2,048 batched tokens), while the evaluator keeps 256 questions
-#: in flight per engine (``--concurrency``). ``max_num_seqs`` follows the concurrency; 16,384 batched
-#: tokens lets a step prefill several returning observations (500 tokens each) at once, as vLLM's own
-#: ``LLM`` class does on large GPUs. ``gpu_memory_utilization`` is a share of the GPU's *total* memory
-#: that vLLM checks against its *free* memory at start: leave room for the retriever's shard on the
-#: same GPU (README "GPU memory").
-VLLM_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 16384, "gpu_memory_utilization": 0.85}
 
 
 def vllm_engine_env(index: int | None = None) -> dict[str, str]:
@@ -122,50 +115,24 @@ class VLLMServerManager:
         return TokenOutput(token_ids=list(comp.token_ids), log_probs=lps, stop_reason="completed")
 
 
-def add_engine_flags(ap) -> None:
-    """The generation-engine flags ``infer.py`` and ``train.evaluate`` share (read by :func:`make_generator`)."""
-    g = ap.add_argument_group("vLLM engine (--backend vllm)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=VLLM_DEFAULTS["gpu_memory_utilization"],
-                   help="share of each GPU's total memory the engine may take (default %(default)s); vLLM checks it "
-                        "against the free memory at start, so leave room for a retriever on the same GPU")
-    g.add_argument("--max-num-seqs", type=int, default=None,
-                   help="sequences the engine decodes at once (default: the questions in flight, --concurrency)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=VLLM_DEFAULTS["max_num_batched_tokens"],
-                   help="tokens per engine step, prefill chunks included (default %(default)s)")
-
-
-def check_engine_flags(ap, args) -> None:
-    """argparse errors (exit 2, naming the flag) for bad :func:`add_engine_flags` values."""
-    if not 0.0 < args.gpu_memory_utilization <= 1.0:
-        ap.error(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
-    if args.max_num_seqs is not None and args.max_num_seqs < 1:
-        ap.error("--max-num-seqs must be >= 1")
-    if args.max_num_batched_tokens < 1:
-        ap.error("--max-num-batched-tokens must be >= 1")
-
-
-def engine_settings(args) -> dict:
-    """The vLLM settings of parsed :func:`add_engine_flags` arguments (``max_num_seqs`` defaults to the
-    questions the asker keeps in flight)."""
-    seqs = getattr(args, "max_num_seqs", None) or getattr(args, "concurrency", None) or VLLM_DEFAULTS["max_num_seqs"]
-    return {"gpu_memory_utilization": getattr(args, "gpu_memory_utilization", VLLM_DEFAULTS["gpu_memory_utilization"]),
-            "max_num_seqs": int(seqs),
-            "max_num_batched_tokens": getattr(args, "max_num_batched_tokens", VLLM_DEFAULTS["max_num_batched_tokens"])}
-
-
-def make_generator(model: str, backend: str = "hf", device: Optional[str] = None, seed: int = 0,
-                   tensor_parallel_size: int = 1, vllm: Optional[dict] = None):
-    """The generation backend: ``hf`` (transformers; batched decoding with the KV cache kept across
-    the turns of a trajectory, :class:`train.inference.hf_engine.HFBatchedServerManager`) or ``vllm``
-    (``vllm``: :data:`VLLM_DEFAULTS` overrides)."""
-    if backend == "hf":
+def make_generator(settings: AskSettings):
+    """The generation backend of ``settings``: ``hf`` (transformers; batched decoding with the KV cache
+    kept across the turns of a trajectory, :class:`train.inference.hf_engine.HFBatchedServerManager`,
+    which loads the model and its tokenizer once) or ``vllm`` (:meth:`AskSettings.vllm_engine`)."""
+    model = settings.model
+    if settings.backend == "hf":
         from train.inference.hf_engine import HFBatchedServerManager
 
-        load_tokenizer_and_check(model)
-        return HFBatchedServerManager.from_pretrained(os.path.expanduser(model), device=device, seed=seed)
-    if backend == "vllm":
-        return VLLMServerManager(model, seed=seed, tensor_parallel_size=tensor_parallel_size, **(vllm or {}))
-    raise InferenceError(f"--backend must be hf or vllm, got {backend!r}")
+        check_model_path(model)
+        try:
+            return HFBatchedServerManager.from_pretrained(os.path.expanduser(model), device=settings.device,
+                                                          seed=settings.seed)
+        except OSError as e:
+            raise InferenceError(f"cannot load model {model!r}: {e}".split("\n")[0]) from None
+    if settings.backend == "vllm":
+        return VLLMServerManager(model, seed=settings.seed, tensor_parallel_size=settings.tensor_parallel_size,
+                                 **settings.vllm_engine())
+    raise InferenceError(f"--backend must be hf or vllm, got {settings.backend!r}")
 
 
 def make_search_client(retriever_url: Optional[str] = None, corpus: Optional[str] = None,

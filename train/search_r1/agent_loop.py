@@ -10,7 +10,7 @@ and every returned turn is also cut on our side right after the token that compl
 that ignores stop strings still never puts tokens past the tag into the trajectory).
 
 Configuration: the top-level ``search_r1:`` block of the trainer config (see
-the presets in ``train/configs/``); :class:`~train.search_r1.config.SearchConfig` validates it.
+the presets in ``configs/``); :class:`~train.search_r1.config.SearchConfig` validates it.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ PROMPT_TEMPLATE = (
     "detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
 )
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 INFO_OPEN, INFO_CLOSE = "<information>", "</information>"
@@ -266,6 +267,15 @@ _INFO_BLOCK_RE = re.compile(re.escape(INFO_OPEN) + r".*?(?:" + re.escape(INFO_CL
 _ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"((?:(?!" + re.escape(ANSWER_OPEN) + r").)*?)"
                         + re.escape(ANSWER_CLOSE), re.DOTALL)
 _SEARCH_RE = re.compile(re.escape(SEARCH_OPEN) + r"(.*?)" + re.escape(SEARCH_CLOSE), re.DOTALL)
+_SPAN_RE = re.compile("(" + "|".join(f"{re.escape(o)}.*?{re.escape(c)}" for o, c in (
+    (THINK_OPEN, THINK_CLOSE), (SEARCH_OPEN, SEARCH_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE), (INFO_OPEN, INFO_CLOSE)))
+    + ")", re.DOTALL)
+
+
+def tagged_spans(text: str) -> list[tuple[Optional[str], str]]:
+    """``text`` cut into ``(kind, piece)``: a complete think/search/answer/information block with its kind
+    (the tag's name), the text between blocks with ``None``; joined back they are ``text`` (infer.py colours them)."""
+    return [(p[1:p.index(">")] if i % 2 else None, p) for i, p in enumerate(_SPAN_RE.split(text)) if p]
 
 
 def _blank(match: re.Match) -> str:

@@ -167,7 +167,7 @@ def build(out: Path, *, facts: int = 300, holdout: int = 20, seed: int = 0, sft_
 
 def run_rl(task: Path, run_dir: Path, retriever_url: str, *, steps: int, seed: int = 0,
            overrides: Sequence[str] = (), plugins: Optional[str] = None, timeout: float = 1800) -> dict:
-    """One ``train/configs/cpu_learn.yaml`` run (verl's trainer on CPU, as ``make demo`` runs it) from the
+    """One ``configs/cpu_learn.yaml`` run (verl's trainer on CPU, as ``make demo`` runs it) from the
     warm start in ``task``, seeds ``data.seed = rollout.seed = seed``; returns ``{step: metrics}``
     from its metrics file (``run_dir/metrics.jsonl``). The log is ``run_dir/train.log``."""
     import os

@@ -18,6 +18,7 @@ import shutil
 from typing import Iterable
 
 from train.errors import CheckpointError
+from train.files import atomic_write, fsync_path
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -79,34 +80,6 @@ def step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"global_step_{step}")
 
 
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems refuse fsync on a directory: the data files were synced
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old content or the new, never a part
-    (temp file in the same folder, fsync, rename, fsync of the folder)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_path(folder)
-
-
 def write_tracker(root: str, step: int) -> None:
     atomic_write(os.path.join(root, TRACKER), str(int(step)))
 
@@ -127,7 +100,7 @@ def write_manifest(folder: str) -> dict:
     files = {}
     for rel in _files(folder):
         path = os.path.join(folder, rel)
-        _fsync_path(path)
+        fsync_path(path)
         files[rel] = os.path.getsize(path)
     manifest = {"files": files, "bytes": sum(files.values())}
     atomic_write(os.path.join(folder, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True))

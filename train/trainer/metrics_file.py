@@ -95,7 +95,7 @@ def keep_until(path: str, step: int, log=print) -> int:
     """Prepare ``path`` for a run that resumes from ``step`` (0 = from scratch): keep the rows of
     steps <= ``step``, drop the rest (rewritten atomically); from scratch, move a non-empty file aside
     to ``<path>.<UTC time>``. Returns the rows kept."""
-    from train.trainer.checkpoint_store import atomic_write
+    from train.files import atomic_write
 
     if not os.path.isfile(path) or os.path.getsize(path) == 0:
         return 0

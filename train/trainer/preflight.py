@@ -113,7 +113,7 @@ def cuda_preflight(gpus: Optional[list[str]] = None, cuda_available: Optional[bo
     raise SetupError(
         f"nvidia-smi lists {len(gpus)} GPU(s) but torch (CUDA {torch_cuda}) sees none: NVIDIA driver {driver} is "
         f"too old for it. torch {TORCH_CUDA}.x builds (what verl 0.9.1's vLLM extra installs) need driver >= "
-        f"{MIN_DRIVER}; update the driver (see the README, 'Install on GPU machines').")
+        f"{MIN_DRIVER}; update the driver (docs/install.md, 'On a GPU machine').")
 
 
 def compiler_preflight(environ: Mapping[str, str] = os.environ, which=shutil.which,
@@ -248,7 +248,7 @@ def strategy_preflight(config, cpu: bool) -> None:
                           ("critic.strategy", (config.get("critic") or {}).get("strategy"))):
         if strategy == "fsdp":
             raise ConfigError(f"{key}=fsdp (FSDP1) cannot run on CPU (VERL_PLATFORM=cpu): it needs an accelerator "
-                             f"device id. Use fsdp2, as REHEARSAL=cpu (train/configs/rehearsal/cpu.yaml) does")
+                             f"device id. Use fsdp2, as REHEARSAL=cpu (configs/rehearsal/cpu.yaml) does")
 
 
 def ray_resources_preflight(config, resources: Optional[dict] = None, nodes: Optional[list] = None) -> None:
