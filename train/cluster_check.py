@@ -23,7 +23,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     from train.trainer.cluster_probe import probe_nodes, problems
 
-    reports = probe_nodes(args.retriever_url, args.paths)
+    try:
+        reports = probe_nodes(args.retriever_url, args.paths)
+    except ConnectionError as e:  # ray.init(address="auto") with no cluster on this machine
+        print(f"error: no Ray cluster to check from here ({str(e).splitlines()[0][:200]}); start the head first: "
+              "ROLE=head bash scripts/multinode.sh", file=sys.stderr)
+        return 1
     for r in reports:
         print(f"{r.node}: retriever {r.status}, missing paths {list(r.missing) or 'none'}")
     found = problems(reports)
