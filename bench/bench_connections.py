@@ -5,7 +5,7 @@
 Two servers over the same BM25 index in this process, each hit the same way:
 - baseline: waitress as the server ran before (connection_limit 1000, channel_timeout 300 s, no
   request-body bound: waitress spools bodies up to 1 GiB to a temp file before the app's 4 MiB check);
-- candidate: ``retrieval.server.make_server`` (connection_limit 4096, channel_timeout 10 s, bodies over
+- candidate: ``retrieval.serving.Server`` (connection_limit 4096, channel_timeout 10 s, bodies over
   the app's limit refused from their Content-Length).
 
 Load: ``--idle`` connections that send nothing and ``--slow`` slowloris connections (a request head
@@ -35,15 +35,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def start(kind: str, app):
     from waitress.server import create_server
 
-    from retrieval.server import make_server
+    from retrieval.app import state_of
+    from retrieval.serving import Server
+    from retrieval.settings import ServeConfig
 
     if kind == "baseline":
         server = create_server(app, host="127.0.0.1", port=0, threads=64, connection_limit=1000,
                                channel_timeout=300, ident="retrieval")
-    else:
-        server = make_server(app, "127.0.0.1", 0, threads=64)
-    threading.Thread(target=server.run, daemon=True).start()
-    return server, server.effective_port
+        threading.Thread(target=server.run, daemon=True).start()
+
+        def close():
+            server.close()
+            state_of(app).close()
+        return close, server.effective_port
+    server = Server(app, ServeConfig(port=0, threads=64)).start()
+    return server.stop, server.port
 
 
 def open_idle(port: int, n: int) -> list[socket.socket]:
@@ -141,10 +147,11 @@ def big_body(port: int, claimed: int = 300_000_000, limit_s: float = 20.0) -> tu
 
 
 def run(kind: str, retriever, args) -> dict:
-    from retrieval.server import ServerConfig, create_app
+    from retrieval.app import create_app
+    from retrieval.settings import ServerConfig
 
     app = create_app(retriever, ServerConfig())
-    server, port = start(kind, app)
+    close, port = start(kind, app)
     stop = threading.Event()
     idle = open_idle(port, args.idle)
     slow = slowloris(port, args.slow, stop)
@@ -153,14 +160,11 @@ def run(kind: str, retriever, args) -> dict:
     stop.set()
     for s in idle + slow:
         s.close()
-    server.close()
-    app.batcher.close()
+    close()
     # the body test on a fresh server of the same kind (the loaded one may not have survived)
-    app = create_app(retriever, ServerConfig())
-    server, port = start(kind, app)
+    close, port = start(kind, create_app(retriever, ServerConfig()))
     dt, sent, status = big_body(port)
-    server.close()
-    app.batcher.close()
+    close()
     return {"ok": ok, "total": total, "p50": statistics.median(lat) if lat else float("nan"),
             "max": max(lat) if lat else float("nan"), "idle_opened": len(idle), "idle_closed": closed,
             "body_s": dt, "body_mb": sent / 1e6, "body_status": status}
@@ -176,11 +180,11 @@ def main() -> None:
         ap.error("bounded load only: --idle <= 5000, --slow <= 2000, --seconds in [1, 300]")
     import tempfile
 
-    from retrieval.build import build_bm25
+    from retrieval.bm25 import build_bm25
     from retrieval.index import load_retriever
-    from retrieval.server import _raise_open_files
+    from retrieval.serving import raise_open_files
 
-    _raise_open_files(4 * (args.idle + args.slow) + 512)
+    raise_open_files(4 * (args.idle + args.slow) + 512)
     with tempfile.TemporaryDirectory() as tmp:
         build_bm25(str(ROOT / "data" / "corpus.jsonl"), tmp, progress=False)
         retriever = load_retriever(tmp)

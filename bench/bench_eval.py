@@ -34,7 +34,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def task_and_index(task: Path) -> tuple[Path, Path]:
-    from retrieval.build import build_bm25
+    from retrieval.bm25 import build_bm25
     from train.toy import learnable_task as learnable
 
     learnable.build(task, progress=True)

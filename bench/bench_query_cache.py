@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_retrieval import ensure_index, stop  # noqa: E402
+from bench.bench_retrieval import ensure_index  # noqa: E402
 
 QA = ROOT / "data" / "qa.jsonl"
 
@@ -94,23 +94,21 @@ def load_run(url: str, clients: int, queries: list[str]) -> dict:
 
 def served(retriever, cache_mb: int, clients: int, queries: list[str]) -> dict:
     import httpx
-    from waitress.server import create_server
 
-    from retrieval.server import ServerConfig, create_app
-    from tests.conftest import free_port
+    from retrieval.app import create_app
+    from retrieval.serving import Server
+    from retrieval.settings import ServeConfig, ServerConfig
 
     app = create_app(retriever, ServerConfig(max_batch=256, cache_bytes=cache_mb << 20))
-    port = free_port()
-    srv = create_server(app, host="127.0.0.1", port=port, threads=max(64, clients + 32))
-    threading.Thread(target=srv.run, daemon=True).start()
-    url = f"http://127.0.0.1:{port}"
+    srv = Server(app, ServeConfig(port=0, threads=max(64, clients + 32)), quiet=True).start()
+    url = srv.url
     try:
         out = load_run(url, clients, queries)
         health = httpx.get(url + "/health", timeout=30).json()
         out["searched"] = health["queries"]
         return out
     finally:
-        stop(srv, app)
+        srv.stop()
 
 
 def main(argv=None) -> None:

@@ -118,7 +118,7 @@ def bench_busy(command: str) -> int:
 
 
 def bench_concurrency(work: Path) -> None:
-    from retrieval.build import build_bm25
+    from retrieval.bm25 import build_bm25
     from retrieval.client import wait_healthy
     from train.data_prep import main as prep
     from train.toy.tiny_model import build_tiny_model

@@ -21,7 +21,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -103,10 +102,12 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from retrieval.build import build_bm25
+    from retrieval.app import create_app
+    from retrieval.bm25 import build_bm25
     from retrieval.client import RetrievalClient
     from retrieval.index import load_retriever
-    from retrieval.server import ServerConfig, create_app, make_server
+    from retrieval.serving import Server
+    from retrieval.settings import ServeConfig, ServerConfig
     from train.inference.backends import VLLMServerManager
     from train.inference.hf_generate import HFServerManager
 
@@ -119,9 +120,8 @@ def main() -> None:
         tiny([model, "--sft-steps", "600", "--hidden-size", "64", "--heads", "2"])
     build_bm25(str(ROOT / "data" / "corpus.jsonl"), str(tmp / "bm25"), progress=False)
     app = create_app(load_retriever(tmp / "bm25"), ServerConfig())
-    server = make_server(app, "127.0.0.1", 0, threads=64)
-    threading.Thread(target=server.run, daemon=True).start()
-    client = RetrievalClient(f"127.0.0.1:{server.effective_port}", timeout=60)
+    server = Server(app, ServeConfig(port=0, threads=64)).start()
+    client = RetrievalClient(server.url, timeout=60)
     tok = AutoTokenizer.from_pretrained(model)
     qs = [json.loads(line)["question"] for line in open(ROOT / "data" / "qa.jsonl")][: args.questions]
     rows = {}
@@ -147,8 +147,7 @@ def main() -> None:
         print(f"| {name} | {r['calls']} | {r['ended_on_tag']} | {r['kept_past_tag']} | {r['decoded_past_tag']} | "
               f"{r['mismatch']} | {r['eos_dropped']} | {r['searches']} | {r['seconds']:.1f} |")
     print(f"time ratio vllm / hf: {rows['vllm']['seconds'] / rows['hf']['seconds']:.2f}")
-    server.close()
-    app.batcher.close()
+    server.stop()
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ from typing import Optional, Sequence
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-#: Longest query the server accepts (``ServerConfig.max_query_chars`` in retrieval/server.py); the agent loop
-#: cuts its queries to it. Here, not in the server module, so that a client needs no Flask import.
+#: Longest query the server accepts by default (``ServerConfig.max_query_chars`` in retrieval/settings.py,
+#: ``--max-query-chars``); the agent loop cuts its queries to it. Here, so that a client needs no Flask import.
 MAX_QUERY_CHARS = 4096
 
 

@@ -6,13 +6,18 @@
   no FAISS kernel, any GPU the installed torch runs on;
 - an **IVF** index (IVF-Flat, IVF-SQ, IVF-PQ; tags ``Iv..``/``Iw..``, or wrapped in an ID map or a
   pre-transform): read by FAISS on CPU and cloned onto every visible GPU by faiss-gpu
-  (:func:`to_gpus`), its inverted lists sharded over the GPUs under one common coarse quantizer;
+  (:func:`to_gpus`), its inverted lists sharded over the GPUs, each GPU probing them with its own fp32
+  copy of the coarse quantizer (the lists one GPU, or the CPU, probes: see :func:`cloner_options`);
 - anything else (HNSW, ...): refused by name; it is served on CPU, without ``--gpu``.
 
 faiss-gpu is the ``gpu`` extra's FAISS (``faiss-gpu==1.15.1``: SASS for sm_70-sm_90, compute_90 PTX).
 Without it (faiss-cpu installed) or without a GPU it can see, the load fails at once with what is
 installed and what to do, not later in a search (faiss's ``index_cpu_to_all_gpus`` with no GPU returns
 an empty index whose search raises a bare AssertionError).
+
+An IVF build (:meth:`retrieval.dense.DenseIndex.build`) uses the GPUs where faiss-gpu sees some: the
+coarse quantizer's k-means (:func:`clustering_index`) and the coarse assignment of every vector added
+(:func:`add_on_gpus`); without them both run on CPU, to the same index.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Optional
+
+import numpy as np
 
 from retrieval.flat import FlatIndexError, UnsupportedGPU
 
@@ -85,10 +92,19 @@ def gpu_count(faiss) -> int:
 
 
 def cloner_options(faiss, ivf, ngpu: int):
-    """faiss-gpu's cloner options for ``ivf`` (the IVF part of the index) on ``ngpu`` GPUs."""
+    """faiss-gpu's cloner options for ``ivf`` (the IVF part of the index) on ``ngpu`` GPUs.
+
+    On 2+ GPUs each GPU holds 1/ngpu of the inverted lists (``shard``) in a GpuIndexIVF* of its own, whose
+    coarse quantizer faiss clones in fp32 whatever the options (``GpuIndexIVF::copyFrom`` clones it with
+    default ``GpuClonerOptions``), as on one GPU: every GPU count probes the lists the CPU index probes.
+    ``common_ivf_quantizer`` stays off: with it faiss clones one more coarse quantizer for all the shards
+    with the shards' own options (``ToGpuClonerMultiple::clone_Index_to_shards``), so ``useFloat16``,
+    meant for IVF-PQ's lookup tables, would make it an fp16 GpuIndexFlat: other lists probed and other
+    coarse scores in the results than the recall the build measured (and one more copy of the centroids
+    on every GPU)."""
     co = faiss.GpuMultipleClonerOptions()
-    co.shard = ngpu > 1  # each GPU holds 1/ngpu of the inverted lists ...
-    co.common_ivf_quantizer = ngpu > 1  # ... probed once by one coarse quantizer for all of them
+    co.shard = ngpu > 1  # each GPU holds 1/ngpu of the inverted lists and its own fp32 coarse quantizer
+    co.common_ivf_quantizer = False  # not one shared quantizer: it would take useFloat16 (fp16 centroids)
     pq = getattr(faiss.downcast_index(ivf), "pq", None)
     if pq is not None:
         if pq.nbits != 8 or pq.M not in GPU_PQ_BYTES:
@@ -134,6 +150,42 @@ def clustering_index(faiss, ivf):
         return None
     print(f"training the {ivf.nlist}-list coarse quantizer's k-means on {faiss.get_num_gpus()} GPU(s)", flush=True)
     return faiss.index_cpu_to_all_gpus(faiss.IndexFlat(ivf.d, ivf.quantizer.metric_type))
+
+
+#: IVF types whose add is IndexIVF::add_with_ids (the quantizer's assign, then add_core): they take their
+#: lists precomputed. Not IndexIVFFastScan (``..x4fs``) nor IndexIVFFlatDedup, which assign in their own add.
+PREASSIGNED_ADD = ("IndexIVFFlat", "IndexIVFScalarQuantizer", "IndexIVFPQ")
+ADD_BATCH = 65536
+
+
+def add_on_gpus(faiss, index, vectors, batch: int = ADD_BATCH) -> Optional[int]:
+    """Add ``vectors`` to the trained IVF ``index`` (on CPU) with their coarse assignment, the nearest of the
+    nlist centroids, computed on every GPU faiss sees (wiki-18 into IVF65536: 21M x 65,536 x 768 x 2 =
+    2.1 PFLOP, the bulk of the add; *arithmetic*). Returns how many were added, or None, adding nothing,
+    without faiss-gpu or a GPU, or for an index this does not cover (a wrapper such as a pre-transform or
+    an ID map, a fast-scan IVF, a non-flat coarse quantizer): the caller then adds on CPU.
+
+    The rest is faiss's own CPU add (``IndexIVF::add_core``, what ``add`` runs after the quantizer's
+    assign): the same ids (ntotal + i), residuals and codes computed on CPU against the CPU quantizer,
+    which stays in place. So the index is the CPU path's as long as the GPU picks the same nearest
+    centroid: it searches an fp32 copy of the centroids (faiss's default cloner options, no fp16), but
+    its GEMM sums in another order than the CPU's, so a vector whose two best centroids score within
+    float32 rounding (about 1e-6 of the score) may go to the other one; the CPU path alone already
+    varies that way with the batch size (SIMD loop below 128,000 floats a batch, BLAS above) and BLAS."""
+    if not hasattr(faiss, "StandardGpuResources") or int(faiss.get_num_gpus()) < 1:
+        return None
+    ivf = faiss.downcast_index(index)
+    if type(ivf).__name__ not in PREASSIGNED_ADD or not ivf.is_trained:
+        return None
+    if not type(faiss.downcast_index(ivf.quantizer)).__name__.startswith("IndexFlat"):
+        return None  # an HNSW quantizer's assignment is approximate: a GPU flat search would change it
+    print(f"assigning {len(vectors)} vectors to the {ivf.nlist} lists on {faiss.get_num_gpus()} GPU(s)", flush=True)
+    centroids = faiss.index_cpu_to_all_gpus(ivf.quantizer)  # fp32 GpuIndexFlat replicas: queries split over GPUs
+    for i in range(0, len(vectors), batch):
+        x = np.ascontiguousarray(vectors[i: i + batch], dtype=np.float32)
+        lists = np.ascontiguousarray(centroids.search(x, 1)[1][:, 0], dtype=np.int64)
+        ivf.add_core(len(x), faiss.swig_ptr(x), None, faiss.swig_ptr(lists))  # faiss.contrib.ivf_tools.add_preassigned
+    return len(vectors)
 
 
 def load_to_gpus(path: str | os.PathLike, faiss, workspace_bytes: Optional[int] = None):

@@ -25,7 +25,7 @@ def sample_rows(n: int, sample: int, seed: int = 0) -> np.ndarray:
 def exact_topk(vectors: np.ndarray, queries: np.ndarray, k: int, *, chunk_rows: int = 1 << 18):
     """``(scores, ids)`` of the exact inner-product top ``k`` of ``queries`` over ``vectors`` (a memmap
     is read ``chunk_rows`` at a time: bounded memory)."""
-    from retrieval.index import import_faiss
+    from retrieval.dense import import_faiss
 
     faiss = import_faiss()
     q = np.ascontiguousarray(queries, dtype=np.float32)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
-from retrieval.index import identity_of
+from retrieval.folder import identity_of
 
 #: Search-R1's rerank defaults (search_r1/search/reranker_server.py and retrieval_launch_hierarchical.sh)
 DEFAULT_MODEL = "cross-encoder/ms-marco-MiniLM-L12-v2"

@@ -96,14 +96,14 @@ def small_corpus(tmp_path_factory, corpus_path) -> Path:
 
 @pytest.fixture(scope="session")
 def dense_index_dir(tmp_path_factory, small_corpus) -> Path:
-    from retrieval.build import build_dense
+    from retrieval.dense_build import build_dense
 
     return build_dense(str(small_corpus), str(tmp_path_factory.mktemp("dense")), progress=False)
 
 
 @pytest.fixture(scope="session")
 def bm25_index_dir(tmp_path_factory, corpus_path) -> Path:
-    from retrieval.build import build_bm25
+    from retrieval.bm25 import build_bm25
 
     return build_bm25(str(corpus_path), str(tmp_path_factory.mktemp("bm25")), progress=False)
 
@@ -209,27 +209,31 @@ def free_port() -> int:
 
 
 class LiveServer:
+    """The app served by :class:`retrieval.serving.Server` (the command's own settings, 32 request threads) in a
+    background thread."""
+
     def __init__(self, app, port):
-        from retrieval.server import make_server
+        from retrieval.serving import Server
+        from retrieval.settings import ServeConfig
 
         self.app, self.port = app, port
-        self.url = f"http://127.0.0.1:{port}"
-        self._server = make_server(app, "127.0.0.1", port, threads=32)  # the server's own settings
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
+        self.server = Server(app, ServeConfig(port=port, threads=32), quiet=True).start()
+        self.url = self.server.url
+
+    @property
+    def batcher(self):
+        return self.server.state.batcher
 
     def close(self):
-        from retrieval.server import close_server
-
-        close_server(self._server)
-        self.app.batcher.close()
+        self.server.stop()
 
 
 @pytest.fixture(scope="session")
 def bm25_server(bm25_index_dir):
     """A real waitress server over the BM25 index of the whole bundled corpus."""
+    from retrieval.app import create_app
     from retrieval.index import load_retriever
-    from retrieval.server import ServerConfig, create_app
+    from retrieval.settings import ServerConfig
 
     app = create_app(load_retriever(bm25_index_dir), ServerConfig(max_queries=64))
     srv = LiveServer(app, free_port())
@@ -287,15 +291,15 @@ def learn_run(learn_task, learn_bm25_index, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def learn_bm25_index(learn_task) -> Path:
-    from retrieval.build import build_bm25
+    from retrieval.bm25 import build_bm25
 
     return build_bm25(str(learn_task / "corpus.jsonl"), str(learn_task / "bm25"), progress=False)
 
 
 @pytest.fixture(scope="session")
 def learn_server(learn_bm25_index):
+    from retrieval.app import create_app
     from retrieval.index import load_retriever
-    from retrieval.server import create_app
 
     server = LiveServer(create_app(load_retriever(learn_bm25_index)), free_port())
     yield server

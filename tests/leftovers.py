@@ -12,8 +12,8 @@ from pathlib import Path
 
 #: command-line pieces of the processes this project starts (Ray's own, servers, commands, engines)
 MARKERS = ("raylet", "gcs_server", "ray::", "ray/dashboard", "ray/_private/", "default_worker.py", "log_monitor",
-           "retrieval.server", "retrieval_launch", "train.main", "train.evaluate", "train.evaluation.",
-           "infer.py", "EngineCore", "multinode.sh")
+           "retrieval.server", "retrieval.launch", "retrieval_launch", "train.main", "train.evaluate",
+           "train.evaluation.", "infer.py", "EngineCore", "multinode.sh")
 #: the network namespaces tests/test_multinode_on_cpu.py makes
 NETNS_PREFIXES = ("srhead", "srwork")
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -188,12 +188,12 @@ def test_faiss_gpu_architectures_are_read_from_the_first_fat_binaries_of_a_strea
 
 
 def test_dense_index_without_faiss_says_what_installs_it(monkeypatch):
-    from retrieval import index
+    from retrieval import dense
 
     monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss -> ImportError (pip install -e . alone)
     with pytest.raises(ImportError, match=r"pip install -e '\.\[cpu\]' \(faiss-cpu\).*pip install -e '\.\[gpu\]' "
                                           r"\(faiss-gpu 1\.15\.1\).*Never both"):
-        index.import_faiss()
+        dense.import_faiss()
 
 
 # 4. launchers without .venv ------------------------------------------------------------------------
@@ -374,8 +374,12 @@ def test_bm25_lands_where_lucene_serves_it(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (dest / "bm25" / "segments_1").is_file() and not (dest / "bm25" / "bm25").exists()
-    launch = (ROOT / "retrieval_launch.sh").read_text()
-    assert '--kind lucene --index "$WIKI18/bm25"' in launch
+    from retrieval.launch import plan
+
+    (dest / "wiki-18.jsonl").write_text("")
+    _, _, build_first, server_argv = plan(["lucene", "--wiki18", str(dest)])
+    assert build_first is None and " ".join(server_argv).startswith(
+        f"--kind lucene --index {dest / 'bm25'} --corpus {dest / 'wiki-18.jsonl'}"), server_argv
     # the default list is corpus,e5: no BM25 download for e5 users
     assert 'WHAT=${2:-corpus,e5}' in (ROOT / "scripts/download_wiki18.sh").read_text()
     r = subprocess.run(["bash", "retrieval_launch.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
@@ -519,7 +523,9 @@ def test_evaluator_keeps_many_questions_in_flight_and_builds_loops_lazily(tmp_pa
 # 15. retriever batch ceiling -------------------------------------------------------------------------
 
 def test_batches_can_reach_max_batch_beyond_64_requests():
-    from retrieval.server import ServerConfig, create_app, default_threads, make_server
+    from retrieval.app import create_app
+    from retrieval.serving import Server, default_threads
+    from retrieval.settings import ServeConfig, ServerConfig
     from tests.conftest import free_port
 
     class SlowRetriever:
@@ -535,9 +541,8 @@ def test_batches_can_reach_max_batch_beyond_64_requests():
     app = create_app(SlowRetriever(), ServerConfig(max_batch=128))
     assert default_threads(128) == 160
     port = free_port()
-    server = make_server(app, "127.0.0.1", port)  # default threads for max_batch 128
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
+    server = Server(app, ServeConfig(port=port), quiet=True).start()  # default threads for max_batch 128
+    assert server.threads == 160
     import httpx
 
     barrier = threading.Barrier(140)
@@ -558,8 +563,7 @@ def test_batches_can_reach_max_batch_beyond_64_requests():
         largest = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["largest_batch"]
         assert largest > 64, largest
     finally:
-        server.close()
-        app.batcher.close()
+        server.stop()
 
 
 def test_wandb_mode_reaches_ray_workers_through_the_runtime_env(tiny_model_dir, monkeypatch):

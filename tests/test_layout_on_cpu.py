@@ -165,3 +165,69 @@ def test_an_old_module_path_in_a_config_names_where_it_moved():
     with pytest.raises(ConfigError, match=r"custom_reward_function\.path.*pkg://train\.search_r1\.reward"):
         check_moved_names(OmegaConf.create({"custom_reward_function": {"path": "pkg://train.reward"}}))
     check_moved_names(OmegaConf.create({"custom_reward_function": {"path": "pkg://train.search_r1.reward"}}))
+
+
+# retrieval/: the same rules (size cap, one-way imports, no cycle, commands apart), over a flat package ---------
+
+RETRIEVAL = ROOT / "retrieval"
+#: The import order of retrieval/ (a module imports only lower levels); commands sit above them all.
+RETRIEVAL_LEVELS = {
+    "client": 0, "corpus": 0, "cuda_arch": 0, "cache": 0, "encoder": 0,
+    "flat": 1, "folder": 1, "batching": 1,
+    "gpu_ivf": 2, "rerank": 2, "bm25": 2, "lucene": 2,
+    "dense": 3, "recall": 4, "dense_build": 5, "kinds": 6, "settings": 7, "index": 8, "app": 9, "serving": 10,
+}
+RETRIEVAL_COMMANDS = {"server", "build", "launch", "hub"}
+
+
+def retrieval_imports(path: Path) -> list[tuple[str, int]]:
+    """The retrieval modules (by short name) and train modules a file imports, anywhere in it, with the line."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{a.name}" if node.module == "retrieval" else node.module for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "train":
+                out.append(("train", node.lineno))
+            elif parts[0] == "retrieval" and len(parts) > 1:
+                out.append((parts[1], node.lineno))
+    return out
+
+
+def test_retrieval_modules_are_mapped_small_and_import_one_way():
+    wrong = []
+    stems = {p.stem for p in RETRIEVAL.glob("*.py")} - {"__init__"}
+    unmapped = stems - set(RETRIEVAL_LEVELS) - RETRIEVAL_COMMANDS
+    assert not unmapped, f"retrieval/{sorted(unmapped)}: give each a level in RETRIEVAL_LEVELS (or list a command)"
+    for path in sorted(RETRIEVAL.glob("*.py")):
+        n = len(path.read_text().splitlines())
+        if n > MAX_LINES:
+            wrong.append(f"retrieval/{path.name}: {n} lines (at most {MAX_LINES}: split it along its seams)")
+        if path.stem in RETRIEVAL_COMMANDS or path.stem == "__init__":
+            if path.stem in RETRIEVAL_COMMANDS and not (ast.get_docstring(ast.parse(path.read_text())) or ""):
+                wrong.append(f"retrieval/{path.name}: a command needs a docstring")
+            continue
+        for target, line in retrieval_imports(path):
+            where = f"retrieval/{path.name}:{line}"
+            if target == "train":
+                wrong.append(f"{where}: imports train (retrieval/ stands alone; train imports retrieval.client)")
+            elif target in RETRIEVAL_COMMANDS:
+                wrong.append(f"{where}: imports the command retrieval.{target}")
+            elif target not in RETRIEVAL_LEVELS:
+                wrong.append(f"{where}: imports retrieval.{target}, which does not exist")
+            elif target != path.stem and RETRIEVAL_LEVELS[target] >= RETRIEVAL_LEVELS[path.stem]:
+                wrong.append(f"{where}: retrieval.{path.stem} (level {RETRIEVAL_LEVELS[path.stem]}) imports "
+                             f"retrieval.{target} (level {RETRIEVAL_LEVELS[target]}): imports go down only")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_retrieval_init_is_a_map_of_every_module():
+    tree = ast.parse((RETRIEVAL / "__init__.py").read_text())
+    doc = ast.get_docstring(tree) or ""
+    assert len(tree.body) == 1, "retrieval/__init__.py holds its docstring only"
+    missing = [p.stem for p in sorted(RETRIEVAL.glob("*.py")) if p.stem != "__init__" and f"{p.stem}" not in doc]
+    assert not missing, f"retrieval/__init__.py's map does not name {missing}"

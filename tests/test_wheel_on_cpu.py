@@ -22,8 +22,8 @@ PACKAGES = ("train", "retrieval")
 #: what the build does not need (and what may be large: data/ holds wiki-18 once downloaded)
 SKIP_TOP = {".git", "build", "dist", "data", "runs", "outputs", "wandb", "checkpoints", ".pytest_cache", "shared"}
 #: ``python -m MODULE --help`` in the installed venv (train.main: Hydra's help, which prints the preset)
-COMMANDS = ["train.main", "train.evaluate", "train.data_prep", "train.plot", "retrieval.server", "retrieval.build",
-            "retrieval.client"]
+COMMANDS = ["train.main", "train.evaluate", "train.data_prep", "train.plot", "retrieval.server", "retrieval.launch",
+            "retrieval.build", "retrieval.client"]
 
 
 def _ignore(root: Path):
@@ -154,7 +154,8 @@ def test_installed_wheel_reads_the_packaged_paper_table(venv):
 #: the console scripts (pyproject.toml [project.scripts]) and what their --help shows
 SCRIPTS = {"search-r1-train": "powered by Hydra", "search-r1-infer": "usage: infer.py",
            "search-r1-evaluate": "usage: python -m train.evaluate", "search-r1-data": "usage",
-           "search-r1-plot": "usage", "search-r1-index": "usage", "search-r1-retriever": "usage"}
+           "search-r1-plot": "usage", "search-r1-index": "usage", "search-r1-retriever": "usage",
+           "search-r1-launch": "usage: python -m retrieval.launch"}
 
 
 def test_console_scripts_are_immune_to_a_train_py_in_the_working_folder(venv, tmp_path):

@@ -136,3 +136,65 @@ def test_pack_building():
     assert pos.tolist() == [[0, 1, 2, 0, 1]]
     with pytest.raises(ValueError):
         ba.first_fit_decreasing([5000], 4096)
+
+
+# -- bf16: the tolerance follows the magnitude -------------------------------------------------------------
+
+BF16_ARGS = ["--dtype", "bf16", "--tokens", "1024", "--min-len", "100", "--max-len", "340", "--small-pack", "512",
+             "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--paths", "ade", "--backward"]
+
+
+def test_the_bf16_tolerance_is_units_in_the_last_place_of_the_magnitude_and_fp32_stays_absolute():
+    bf16 = torch.bfloat16
+    assert ba.ulp(14.0, bf16) == 2 ** -4 and ba.ulp(6.0, bf16) == 2 ** -5 and ba.ulp(1.0, bf16) == 2 ** -7
+    big = torch.tensor([14.0, -3.0, 0.5], dtype=bf16)
+    assert ba.tolerance(big, bf16) == ba.ULPS["bf16"] * 2 ** -4  # 8 ulps at 14: 0.5
+    assert ba.tolerance(big.float() * 1000, torch.float32) == ba.TOLERANCE["fp32"] == 1e-4  # fp32: tight, absolute
+    # one ulp of rounding on the largest value (0.0625 > the old absolute 3e-2) is fine ...
+    assert ba.agreement(big + torch.tensor([2 ** -4, 0, 0], dtype=bf16), big, bf16).ok
+    # ... a difference of the values' size is not, and each tensor is held to its own magnitude: a small
+    # gradient (max 0.5) may not hide a wrong value behind a large one (max 14)
+    assert not ba.agreement(big * 0.5, big, bf16).ok
+    small = torch.tensor([0.5, 0.25], dtype=bf16)
+    assert ba.agreement((big, small + 0.1), (big, small), bf16).ok is False
+    assert ba.agreement((big, small), (big, small), bf16).ok
+    # fp32: 1e-3 off is a mismatch however large the values
+    ref = torch.full((4,), 1000.0)
+    assert not ba.agreement(ref + 1e-3, ref, torch.float32).ok
+
+
+def test_bf16_paths_pass_on_rounding_alone_and_a_wrong_mask_still_fails(monkeypatch, capsys):
+    """bf16 on CPU at 1,024 tokens: the gradients (max |dv| ~6) of (d) and (e) differ from (a)'s by 1-2 bf16 ulps
+    (6e-2, over the old absolute 3e-2, which failed here with "BUG"); with the tolerance relative to the magnitude
+    the run passes, and a per-sequence path with the last two sequences merged (a wrong document mask) fails."""
+    assert ba.main(BF16_ARGS) == 0, capsys.readouterr()
+    capsys.readouterr()
+    real = ba.per_sequence
+
+    def merged_borders(q, k, v, lengths, module):
+        return real(q, k, v, lengths[:-2] + [lengths[-2] + lengths[-1]], module)
+
+    monkeypatch.setattr(ba, "per_sequence", merged_borders)
+    assert ba.main(BF16_ARGS) == 1
+    err = capsys.readouterr().err
+    assert "BUG" in err and "(d) SDPA per sequence" in err and "(e)" not in err
+
+
+def test_gpu_check_rows_in_bf16_pass_and_catch_a_pack_mask_that_ignores_the_borders(monkeypatch):
+    """The GPU check's attention rows in bf16 (as on CUDA), on CPU without flex: (e) agrees with (a); with each
+    small pack's mask built as one causal sequence (the sequences of a pack see each other) it does not."""
+    rows = ba.gpu_check_rows("cpu", 1024, 4, 2, 32, reps=1, dtype=torch.bfloat16, flex=False)
+    (e,) = [r for r in rows if r["check"].startswith("(e) packs")]
+    assert e["ok"] is True and "bf16 ulps of max |ref|" in e["value"], e
+    real = ba.SmallPacks.build.__func__
+
+    def borders_ignored(cls, lengths, packs, heads, kv_heads, head_dim, dtype, device):
+        small = real(cls, lengths, packs, heads, kv_heads, head_dim, dtype, device)
+        small.masks = [ba.hf_packed_mask("sdpa", torch.arange(len(i))[None], heads, kv_heads, head_dim, dtype)
+                       for i in small.index]
+        return small
+
+    monkeypatch.setattr(ba.SmallPacks, "build", classmethod(borders_ignored))
+    rows = ba.gpu_check_rows("cpu", 1024, 4, 2, 32, reps=1, dtype=torch.bfloat16, flex=False)
+    (e,) = [r for r in rows if r["check"].startswith("(e) packs")]
+    assert e["ok"] is False and ">" in e["value"], e

@@ -256,6 +256,7 @@ def test_k_beyond_a_shard_and_empty_batches():
 
 
 def test_gpu_workspace_flag_is_validated_and_reaches_the_index(monkeypatch, capsys, tmp_path):
+    import retrieval.dense as dense_mod
     import retrieval.flat as flat
     import retrieval.index as index_mod
     from retrieval.server import main
@@ -266,18 +267,18 @@ def test_gpu_workspace_flag_is_validated_and_reaches_the_index(monkeypatch, caps
         assert e.value.code == 2 and "--gpu-workspace-mb must be > 0" in capsys.readouterr().err
     seen = {}
 
-    def fake_load_retriever(*a, **kw):
-        seen.update(kw)
+    def fake_load(load):
+        seen.update(gpu=load.gpu, gpu_workspace_bytes=load.gpu_workspace_bytes)
         raise FileNotFoundError("stop here")
 
-    monkeypatch.setattr(index_mod, "load_retriever", fake_load_retriever)
+    monkeypatch.setattr(index_mod, "load_configured", fake_load)
     with pytest.raises(SystemExit):
         main(["--index", "x.index", "--gpu", "--gpu-workspace-mb", "64"])
     assert seen["gpu"] is True and seen["gpu_workspace_bytes"] == 64 << 20
     loads = []
     monkeypatch.setattr(flat.TorchFlatIndex, "load", staticmethod(lambda path, **kw: loads.append(kw)))
-    index_mod.DenseIndex.load(tmp_path / "e5_Flat.index", gpu=True, gpu_workspace_bytes=64 << 20)
-    index_mod.DenseIndex.load(tmp_path / "e5_Flat.index", gpu=True)
+    dense_mod.DenseIndex.load(tmp_path / "e5_Flat.index", gpu=True, gpu_workspace_bytes=64 << 20)
+    dense_mod.DenseIndex.load(tmp_path / "e5_Flat.index", gpu=True)
     assert loads == [{"workspace_bytes": 64 << 20}, {"workspace_bytes": DEFAULT_WORKSPACE_BYTES}]
     with pytest.raises(ValueError, match="workspace_bytes must be > 0"):
         TorchFlatIndex([torch.zeros((2, 4))], workspace_bytes=0)

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from retrieval import gpu_ivf
+from retrieval.dense import DenseIndex
 from retrieval.flat import FlatIndexError, UnsupportedGPU
-from retrieval.index import DenseIndex, load_retriever
+from retrieval.index import load_retriever
 from retrieval.recall import exact_topk, recall_vs_exact
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,12 +50,45 @@ class FakeClonerOptions:  # faiss.GpuMultipleClonerOptions's defaults
         self.shard = self.common_ivf_quantizer = self.useFloat16 = False
 
 
+def searched_coarse_quantizer(co, ngpu):
+    """``(precision, centroid copies per GPU)`` of the coarse quantizer faiss-gpu 1.15 searches for an IVF
+    index cloned with ``co`` (faiss/gpu/GpuCloner.cpp, GpuIndexIVF.cu): each GpuIndexIVF* holds its own,
+    cloned in fp32 by GpuIndexIVF::copyFrom (default GpuClonerOptions); on 2+ GPUs with ``shard`` and
+    ``common_ivf_quantizer``, faiss clones one more for all the shards (an IndexShardsIVF's, searched instead)
+    with the options' ``useFloat16``: a GpuIndexFlat in fp16 when it is set."""
+    if ngpu > 1 and co.shard and co.common_ivf_quantizer:
+        return ("fp16" if co.useFloat16 else "fp32"), 2
+    return "fp32", 1
+
+
+def counted_flat(index):
+    """What the stand-in ``index_cpu_to_all_gpus`` returns: a real IndexFlat, ``index``'s copy (faiss's
+    k-means takes it), that counts in ``rows`` the rows searched from Python."""
+    import faiss
+
+    class CountedFlat(faiss.IndexFlat):  # a class per copy: faiss refuses new attributes on an instance
+        rows = []
+
+        def search(self, x, k, *args, **kwargs):
+            self.rows.append(len(x))
+            return super().search(x, k, *args, **kwargs)
+
+    flat = CountedFlat(index.d, index.metric_type)
+    if index.ntotal:
+        flat.add(index.reconstruct_n(0, index.ntotal))
+    return flat
+
+
 @pytest.fixture
 def fake_gpus(monkeypatch):
-    """faiss with a GPU API that "clones" to CPU; ``calls`` records each clone, ``set_gpus(n)`` the count."""
+    """faiss with a GPU API that "clones" to CPU; ``calls`` records each clone, ``set_gpus(n)`` the count,
+    ``flats`` the indexes ``index_cpu_to_all_gpus`` made (the build's k-means and coarse assignment). A clone
+    searches as faiss-gpu would: with fp16 centroids where faiss's coarse quantizer is fp16."""
     import faiss
 
     class Calls(list):
+        flats = []
+
         def set_gpus(self, n):
             count["n"] = n
 
@@ -62,14 +96,24 @@ def fake_gpus(monkeypatch):
 
     def clone(resources, index, co, gpus):
         calls.append({"resources": resources, "co": co, "gpus": gpus})
-        return faiss.clone_index(index)
+        out = faiss.clone_index(index)
+        if searched_coarse_quantizer(co, len(gpus))[0] == "fp16":
+            q = faiss.extract_index_ivf(out).quantizer
+            centroids = q.reconstruct_n(0, q.ntotal)
+            q.reset()
+            q.add(centroids.astype(np.float16).astype(np.float32))
+        return out
+
+    def all_gpus(index, co=None, ngpu=-1):
+        calls.flats.append(counted_flat(index))
+        return calls.flats[-1]
 
     monkeypatch.setattr(faiss, "StandardGpuResources", FakeResources, raising=False)
     monkeypatch.setattr(faiss, "GpuMultipleClonerOptions", FakeClonerOptions, raising=False)
     monkeypatch.setattr(faiss, "GpuParameterSpace", faiss.ParameterSpace, raising=False)
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: count["n"])
     monkeypatch.setattr(faiss, "index_cpu_to_gpu_multiple_py", clone)
-    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", lambda index, co=None, ngpu=-1: index)  # build's k-means
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", all_gpus)
     return calls
 
 
@@ -82,7 +126,8 @@ def test_ivf_goes_to_every_gpu_sharded_with_its_nprobe(tmp_path, fake_gpus, caps
     gpu = DenseIndex.load(path, gpu=True, gpu_workspace_bytes=64 << 20)
     (call,) = fake_gpus
     assert call["gpus"] == [0, 1] and [r.temp for r in call["resources"]] == [64 << 20] * 2
-    assert call["co"].shard and call["co"].common_ivf_quantizer and not call["co"].useFloat16  # PQ8: fp32 tables
+    assert call["co"].shard and not call["co"].useFloat16  # PQ8: fp32 tables
+    assert searched_coarse_quantizer(call["co"], 2) == ("fp32", 1)  # each GPU probes with its own fp32 copy
     assert gpu.gpu_resources is call["resources"] and gpu.nprobe == cpu.nprobe == 4
     np.testing.assert_array_equal(gpu.search(x[:20], 5)[1], cpu.search(x[:20], 5)[1])
 
@@ -92,6 +137,83 @@ def test_ivf_goes_to_every_gpu_sharded_with_its_nprobe(tmp_path, fake_gpus, caps
     pq64 = faiss.index_factory(128, "IVF4,PQ64", faiss.METRIC_INNER_PRODUCT)  # wiki-18's code size
     co = gpu_ivf.cloner_options(faiss, faiss.try_extract_index_ivf(pq64), 8)
     assert co.useFloat16 and co.shard  # 64 x 256 x 4 B of fp32 lookup table > 48 KiB: fp16 tables
+
+
+def test_coarse_quantizer_stays_fp32_on_every_gpu_count_with_fp16_pq_tables(fake_gpus):
+    import faiss
+
+    for factory, fp16_tables in (("IVF4,PQ64", True), ("IVF4,PQ8", False), ("IVF4,Flat", False)):
+        index = faiss.index_factory(128, factory, faiss.METRIC_INNER_PRODUCT)  # held: ivf points into it
+        ivf = faiss.try_extract_index_ivf(index)
+        for ngpu in (1, 2, 8):
+            co = gpu_ivf.cloner_options(faiss, ivf, ngpu)
+            assert co.shard == (ngpu > 1) and co.useFloat16 == fp16_tables, (factory, ngpu)
+            # the probed lists and coarse scores are the CPU's, and the centroids are on each GPU once
+            assert searched_coarse_quantizer(co, ngpu) == ("fp32", 1), (factory, ngpu)
+
+
+def test_ivfpq64_on_two_gpus_serves_what_the_cpu_index_does(tmp_path, fake_gpus):
+    x = vectors(n=3000, d=128)
+    path, cpu = saved(tmp_path, "IVF16,PQ64", x, nprobe=4)  # wiki-18's code size: fp16 lookup tables
+    gpu = DenseIndex.load(path, gpu=True)
+    assert fake_gpus[-1]["co"].useFloat16 and fake_gpus[-1]["gpus"] == [0, 1]
+    (got_s, got_i), (ref_s, ref_i) = gpu.search(x[:200], 10), cpu.search(x[:200], 10)
+    np.testing.assert_array_equal(got_i, ref_i)  # fp16 centroids would probe other lists ...
+    np.testing.assert_array_equal(got_s, ref_s)  # ... and shift every IP score by the coarse term
+
+
+def trained(factory, x):
+    import faiss
+
+    index = faiss.index_factory(x.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    index.train(x)
+    return index
+
+
+@pytest.mark.parametrize("factory", ["IVF16,Flat", "IVF16,SQ8", "IVF16,PQ8"])
+def test_ivf_add_assigns_on_the_gpus_to_the_same_index(factory, fake_gpus, capsys):
+    import faiss
+
+    x = vectors()
+    on_cpu, on_gpus = trained(factory, x), trained(factory, x)
+    for i in range(0, len(x), 700):
+        on_cpu.add(x[i: i + 700])
+    assert gpu_ivf.add_on_gpus(faiss, on_gpus, x, batch=700) == len(x)
+    (flat,) = fake_gpus.flats
+    assert flat.ntotal == 16 and flat.rows == [700, 700, 600]  # the centroids, searched for every vector
+    assert "assigning 2000 vectors to the 16 lists on 2 GPU(s)" in capsys.readouterr().out
+    assert on_gpus.ntotal == len(x)
+    assert bytes(faiss.serialize_index(on_gpus)) == bytes(faiss.serialize_index(on_cpu))  # lists, ids, codes
+
+
+def test_ivf_add_leaves_the_cpu_path_without_a_gpu_or_for_other_indexes(fake_gpus, monkeypatch):
+    import faiss
+
+    x = vectors()
+    for factory in ("IVF16,PQ8x4fs", "PCA32,IVF16,Flat", "IVF16_HNSW8,Flat", "Flat"):  # fast-scan, wrapped, ...
+        index = trained(factory, x)
+        assert gpu_ivf.add_on_gpus(faiss, index, x) is None and index.ntotal == 0, factory
+    index = trained("IVF16,Flat", x)
+    fake_gpus.set_gpus(0)
+    assert gpu_ivf.add_on_gpus(faiss, index, x) is None
+    monkeypatch.delattr(faiss, "StandardGpuResources")  # faiss-cpu
+    assert gpu_ivf.add_on_gpus(faiss, index, x) is None
+    assert index.ntotal == 0 and fake_gpus.flats == []
+
+
+def test_build_adds_with_the_gpus_assignment_to_the_cpu_builds_index(fake_gpus, capsys):
+    import faiss
+
+    x = vectors(n=3000)
+    fake_gpus.set_gpus(0)
+    cpu = DenseIndex.build("IVF16,PQ8", x, nprobe=4)
+    fake_gpus.set_gpus(2)
+    gpu = DenseIndex.build("IVF16,PQ8", x, nprobe=4)
+    assert len(fake_gpus.flats) == 2, "the build's add did not assign on the GPUs (gpu_ivf.add_on_gpus)"
+    kmeans, assign = fake_gpus.flats  # the k-means' flat index, then the trained centroids'
+    assert assign.ntotal == 16 and sum(assign.rows) == len(x)
+    assert "assigning 3000 vectors to the 16 lists on 2 GPU(s)" in capsys.readouterr().out
+    assert bytes(faiss.serialize_index(gpu.index)) == bytes(faiss.serialize_index(cpu.index))
 
 
 def test_gpu_ivf_fails_at_load_naming_what_is_installed_and_the_fix(tmp_path, fake_gpus, monkeypatch):

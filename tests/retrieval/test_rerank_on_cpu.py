@@ -7,9 +7,10 @@ import json
 import httpx
 import pytest
 
+from retrieval.app import create_app
 from retrieval.index import load_retriever
 from retrieval.rerank import CrossEncoder, RerankingRetriever, passage_text
-from retrieval.server import ServerConfig, create_app
+from retrieval.settings import ServerConfig
 from tests.conftest import LiveServer, free_port
 
 
@@ -97,7 +98,7 @@ def test_the_server_reranks_reports_it_and_refuses_a_bad_model(tiny_cross_encode
         assert health["kind"] == "bm25+rerank" and health["rerank"]["depth"] == 5, health
         assert health["rerank"]["model"] == tiny_cross_encoder and health["rerank"]["searches"] >= 1
         # replicas that rerank differently are not the same retriever (scripts/multinode.sh compares index_id)
-        from retrieval.index import index_id
+        from retrieval.folder import index_id
 
         plain = load_retriever(bm25_index_dir)
         assert health["index_id"] == index_id(rr.identity) != index_id(plain.identity)

@@ -10,10 +10,12 @@ import httpx
 import numpy as np
 import pytest
 
+from retrieval.app import create_app
 from retrieval.client import RetrievalClient, RetrievalRequestError, RetrieverUnavailable, contents_of
 from retrieval.corpus import CorpusError, CorpusStore
-from retrieval.index import load_retriever, read_manifest
-from retrieval.server import ServerConfig, create_app
+from retrieval.folder import read_manifest
+from retrieval.index import load_retriever
+from retrieval.settings import ServerConfig
 from tests.conftest import LiveServer, free_port
 
 
@@ -43,10 +45,10 @@ def test_dense_build_reload_and_resume(dense_index_dir, small_corpus, tmp_path):
     hits = r.search([doc["contents"][:200]], 3)[0]
     assert hits[0][0]["id"] == doc["id"] and hits[0][1] > 0.9, (title, hits[0])
     # resume: a half-finished build continues where it stopped and gives the same vectors
-    from retrieval import build
+    from retrieval import dense_build
 
     out = tmp_path / "resume"
-    build.build_dense(str(small_corpus), str(out), limit=40, progress=False)
+    dense_build.build_dense(str(small_corpus), str(out), limit=40, progress=False)
     first = np.fromfile(out / "embeddings.f32", dtype=np.float32).reshape(40, 384).copy()
     state = json.loads((out / "progress.json").read_text())
     state["done"] = 16
@@ -54,7 +56,7 @@ def test_dense_build_reload_and_resume(dense_index_dir, small_corpus, tmp_path):
     with open(out / "embeddings.f32", "r+b") as f:  # rows after the checkpoint were "never written"
         f.seek(16 * 384 * 4)
         f.write(b"\0" * (24 * 384 * 4))
-    build.build_dense(str(small_corpus), str(out), limit=40, progress=False)
+    dense_build.build_dense(str(small_corpus), str(out), limit=40, progress=False)
     again = np.fromfile(out / "embeddings.f32", dtype=np.float32).reshape(40, 384)
     np.testing.assert_allclose(again, first, atol=1e-5)
 
@@ -80,8 +82,8 @@ def test_index_id_names_what_a_server_serves(bm25_index_dir, dense_index_dir, sm
     encoder is the same; another corpus, encoder or build is not."""
     import shutil
 
-    from retrieval import build
-    from retrieval.index import index_id
+    from retrieval import bm25, dense_build
+    from retrieval.folder import index_id
 
     def name(*args, **kw):
         return index_id(load_retriever(*args, **kw).identity)
@@ -89,10 +91,10 @@ def test_index_id_names_what_a_server_serves(bm25_index_dir, dense_index_dir, sm
     copy = tmp_path / "copy"
     shutil.copytree(bm25_index_dir, copy)
     assert name(copy) == name(bm25_index_dir)
-    other = build.build_bm25(str(small_corpus), str(tmp_path / "bm25_300"), progress=False)  # another corpus
+    other = bm25.build_bm25(str(small_corpus), str(tmp_path / "bm25_300"), progress=False)  # another corpus
     assert name(other) != name(bm25_index_dir)
-    a = build.build_dense(str(small_corpus), str(tmp_path / "a"), limit=40, progress=False)
-    b = build.build_dense(str(small_corpus), str(tmp_path / "b"), limit=40, progress=False)
+    a = dense_build.build_dense(str(small_corpus), str(tmp_path / "a"), limit=40, progress=False)
+    b = dense_build.build_dense(str(small_corpus), str(tmp_path / "b"), limit=40, progress=False)
     assert name(a, device="cpu") == name(b, device="cpu") != name(dense_index_dir, device="cpu")
     # a bare index file (Search-R1's e5_Flat.index): its size, the encoder and the corpus, not its file name
     bare = tmp_path / "minilm_Flat.index"
@@ -112,7 +114,7 @@ def test_bm25_and_hnsw(bm25_index_dir, dense_index_dir):
     r = load_retriever(bm25_index_dir)
     hits = r.search(["Harvey Pekar autobiographical comics"], 3)[0]
     assert len(hits) == 3 and "Pekar" in hits[0][0]["contents"]
-    from retrieval.index import DenseIndex
+    from retrieval.dense import DenseIndex
 
     vecs = np.random.default_rng(0).standard_normal((2000, 32)).astype(np.float32)
     flat = DenseIndex.build("Flat", vecs)
@@ -192,10 +194,10 @@ def test_correct_under_concurrent_load(bm25_server, qa_path):
         c.close()
         return all(got)
 
-    before = bm25_server.app.batcher.batches
+    before = bm25_server.batcher.batches
     with ThreadPoolExecutor(16) as ex:
         assert all(ex.map(worker, range(16)))
-    batches = bm25_server.app.batcher.batches - before
+    batches = bm25_server.batcher.batches - before
     assert batches < 16 * 20  # requests were merged
 
 
@@ -273,7 +275,7 @@ def _stream(qa_path, n_questions=12, samples=5):
 
 
 def test_repeated_queries_are_searched_once_and_answer_as_an_uncached_server(bm25_index_dir, qa_path):
-    from retrieval.server import MicroBatcher
+    from retrieval.batching import MicroBatcher
 
     stream = _stream(qa_path)
     plain, cached = _Counting(load_retriever(bm25_index_dir)), _Counting(load_retriever(bm25_index_dir))
@@ -312,7 +314,7 @@ def test_repeated_queries_are_searched_once_and_answer_as_an_uncached_server(bm2
 
 
 def test_the_result_cache_stays_within_its_bytes(bm25_index_dir, qa_path):
-    from retrieval.server import MicroBatcher
+    from retrieval.batching import MicroBatcher
 
     stream = _stream(qa_path, n_questions=30, samples=2)
     counting = _Counting(load_retriever(bm25_index_dir))
@@ -374,52 +376,71 @@ class _Gated(_Counting):
         return super().search(queries, k)
 
 
-def test_a_lone_request_is_searched_at_once_and_concurrent_ones_still_batch(bm25_index_dir, qa_path, bm25_server):
-    from retrieval.server import MicroBatcher
+def test_every_search_runs_on_the_batching_thread_under_a_rotating_load(bm25_index_dir, qa_path, bm25_server):
+    """No device work on a request thread: torch keeps a cuBLAS workspace per (thread, GPU) for the thread's
+    life, so the encoder and the index must only ever run on the batcher's own thread, whichever of the
+    server's rotating request threads took the request, lone or concurrent."""
+    from retrieval.batching import MicroBatcher
 
-    questions = [json.loads(line)["question"] for line in open(qa_path)][:40]
+    questions = [json.loads(line)["question"] for line in open(qa_path)][:60]
     gated = _Gated(load_retriever(bm25_index_dir))
-    b, plain = MicroBatcher(gated, max_batch=256), MicroBatcher(load_retriever(bm25_index_dir), max_batch=256)
+    plain = MicroBatcher(load_retriever(bm25_index_dir), max_batch=256)
+    srv = LiveServer(create_app(gated, ServerConfig()), free_port())
     try:
-        # idle: searched on the caller's thread, the same rows as through the batching thread
+        # lone requests, one after another, each on a new connection (waitress hands them to its threads in turn)
         for q in questions[:10]:
-            got = b.search_now([q, questions[0]], 3)
-            assert got == plain.submit([q, questions[0]], 3).result(timeout=60), q
-        assert b.inline == 10 and set(gated.threads) == {threading.current_thread().name}, gated.threads
-        # busy: while a search holds the index, a second request is not searched beside it but queued,
-        # and the queued ones are batched together once the index is free
-        gated.gate.clear()
-        gated.entered.clear()
-        with ThreadPoolExecutor(1) as ex:
-            first = ex.submit(b.search_now, [questions[10]], 3)
-            assert gated.entered.wait(30)
-            assert b.search_now([questions[11]], 3) is None
-            queued = [b.submit([q], 3) for q in questions[11:19]]
-            gated.gate.set()
-            assert first.result(timeout=60) == plain.submit([questions[10]], 3).result(timeout=60)
-        for q, fut in zip(questions[11:19], queued):
-            assert fut.result(timeout=60) == plain.submit([q], 3).result(timeout=60)
-        assert b.inline == 11 and max(map(len, gated.searched[-2:])) > 1, gated.searched[-3:]
-        assert "retrieval-batcher" in gated.threads
-        # a search that fails raises in the caller; the batcher goes on serving
+            r = httpx.post(srv.url + "/retrieve", json={"queries": [q], "topk": 3, "return_scores": True})
+            assert r.status_code == 200
+            want = plain.submit([q], 3).result(timeout=60)[0]
+            assert [row["document"] for row in r.json()["result"][0]] == [d for d, _ in want]
+        # concurrent requests from many client threads, with keep-alive and without
+        def one(i):
+            with httpx.Client(timeout=60) as c:
+                return c.post(srv.url + "/retrieve", json={"queries": [questions[i % 60]]}).status_code
+
+        with ThreadPoolExecutor(48) as ex:
+            assert set(ex.map(one, range(240))) == {200}
+        # a request whose search fails is answered 500; the next is served, still on the same thread
         gated.fail_on = questions[20]
-        with pytest.raises(RuntimeError, match="cannot search"):
-            b.search_now([questions[20]], 3)
-        assert b.alive and b.search_now([questions[21]], 3) == plain.submit([questions[21]], 3).result(timeout=60)
-        # a request larger than one batch always goes through the batching thread
-        assert b.search_now(questions[:3], 3) is not None
-        small = MicroBatcher(load_retriever(bm25_index_dir), max_batch=2)
-        try:
-            assert small.search_now(questions[:3], 3) is None and small.inline == 0
-        finally:
-            small.close()
+        assert httpx.post(srv.url + "/retrieve", json={"queries": [questions[20]]}).status_code == 500
+        assert httpx.post(srv.url + "/retrieve", json={"queries": [questions[21]]}).status_code == 200
+        assert set(gated.threads) == {srv.batcher.thread_name} == {"retrieval-batcher"}, set(gated.threads)
+        assert len(gated.searched) >= 12 and max(map(len, gated.searched)) > 1  # concurrent ones still batch
     finally:
-        b.close()
+        srv.close()
         plain.close()
-    # the server takes that path for a lone request and says so on /health
-    before = httpx.get(bm25_server.url + "/health").json()["inline"]
     assert httpx.post(bm25_server.url + "/retrieve", json={"queries": ["Harvey Pekar"]}).status_code == 200
     health = httpx.get(bm25_server.url + "/health").json()
-    assert health["inline"] == before + 1
     # requests per client address (a replica on every node shows only its own node's rollouts)
     assert set(health["clients"]) == {"127.0.0.1"} and health["clients"]["127.0.0.1"] >= 1, health["clients"]
+
+
+def test_the_command_line_loads_the_retriever_on_the_batching_thread(bm25_index_dir):
+    """The encoder and the index are loaded by the thread that searches (no other thread of the server runs
+    torch: a second OpenMP team slows every encoder call on CPU), and a load that fails fails at once, in the
+    caller, naming the problem."""
+    from retrieval.app import create_app, state_of
+    from retrieval.batching import MicroBatcher
+    from retrieval.folder import IndexLoadError
+
+    loaded_on = []
+
+    def load():
+        loaded_on.append(threading.current_thread().name)
+        return load_retriever(bm25_index_dir)
+
+    app = create_app(config=ServerConfig(), load=load)
+    try:
+        state = state_of(app)
+        assert loaded_on == [state.batcher.thread_name] and state.batcher.retriever.kind == "bm25"
+        assert state.batcher.search(["Harvey Pekar"], 2, timeout=30)[0][0][0]["contents"]
+    finally:
+        state_of(app).close()
+
+    def broken():
+        raise IndexLoadError("corpus x.jsonl is not the one y/manifest.json was built from")
+
+    with pytest.raises(IndexLoadError, match="is not the one"):
+        MicroBatcher(load=broken)
+    with pytest.raises(ValueError, match="not both"):
+        MicroBatcher(load_retriever(bm25_index_dir), load=broken)

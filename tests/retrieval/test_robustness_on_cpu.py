@@ -18,11 +18,15 @@ import httpx
 import numpy as np
 import pytest
 
-from retrieval.build import BuildError, build_bm25, build_dense
+from retrieval.app import create_app
+from retrieval.batching import MicroBatcher
+from retrieval.bm25 import build_bm25
 from retrieval.client import RetrievalClient, RetrievalResponseError, RetrievalServerError, RetrieverUnavailable
 from retrieval.corpus import CorpusStore
-from retrieval.index import IndexLoadError, load_retriever
-from retrieval.server import MicroBatcher, ServerConfig, create_app
+from retrieval.dense_build import build_dense
+from retrieval.folder import BuildError, IndexLoadError
+from retrieval.index import load_retriever
+from retrieval.settings import ServerConfig
 from tests.conftest import LiveServer, free_port, refuses
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,8 +174,7 @@ def test_surrogate_query_is_a_400_naming_it_and_others_are_served(bm25_server):
 def test_a_failing_batch_is_retried_per_request_so_only_the_culprit_fails():
     # the first search takes 1 s: the other requests all arrive while it runs, even on a busy machine
     fake = Scripted(per_query_s=0.05, poison="POISON", first_s=1.0)
-    # through the batching thread (a lone request on an idle server is searched on its own thread)
-    srv = LiveServer(create_app(fake, ServerConfig(inline=False)), free_port())
+    srv = LiveServer(create_app(fake, ServerConfig()), free_port())
     try:
         def post(q):
             return httpx.post(f"{srv.url}/retrieve", json={"queries": [q]}, timeout=30).status_code
@@ -236,16 +239,13 @@ def test_dead_batcher_is_unhealthy_and_timeouts_say_what_timed_out():
         assert r.status_code == 503 and "restart" in r.json()["error"]
     finally:
         srv.close()
-    # the deadline is for a request waiting on the batching thread; one searched at once is answered when done
-    for inline, status in ((False, 504), (True, 200)):
-        slow = LiveServer(create_app(Scripted(per_query_s=1.0), ServerConfig(request_timeout_s=0.2, inline=inline)),
-                          free_port())
-        try:
-            r = httpx.post(f"{slow.url}/retrieve", json={"queries": ["a"]}, timeout=10)
-            assert r.status_code == status, r.text
-            assert status == 200 or "did not finish within 0.2 s" in r.json()["error"]
-        finally:
-            slow.close()
+    # a request past its deadline gets a 504 that says what timed out, lone or not
+    slow = LiveServer(create_app(Scripted(per_query_s=1.0), ServerConfig(request_timeout_s=0.2)), free_port())
+    try:
+        r = httpx.post(f"{slow.url}/retrieve", json={"queries": ["a"]}, timeout=10)
+        assert r.status_code == 504 and "did not finish within 0.2 s" in r.json()["error"], r.text
+    finally:
+        slow.close()
 
 
 def test_deeply_nested_json_is_a_400(bm25_server):

@@ -36,7 +36,7 @@ def test_task_is_deterministic_and_every_name_distinct(task, tmp_path):
 
 
 def test_bm25_ranks_the_gold_passage_first_for_every_question(task):
-    from retrieval.index import BM25Index
+    from retrieval.bm25 import BM25Index
 
     corpus, qa = task
     contents = [r["contents"] for r in records(corpus)]

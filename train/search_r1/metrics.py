@@ -31,7 +31,7 @@ def repeated_query_shares(queries: list, groups: list | None = None) -> dict[str
     """Of a step's searches, the share that repeats a query text sent before in the step
     (``repeated_query_share``), and the share that repeats one of the same question's samples
     (``repeated_query_share_in_question``; ``groups`` are the trajectories' uids). 0 without searches.
-    What the retriever's result cache and batch sharing can save (retrieval/server.py)."""
+    What the retriever's result cache and batch sharing can save (retrieval/batching.py)."""
     rows = [list(q or []) for q in queries]
     sent = [q for r in rows for q in r]
     by_question: dict = {}
