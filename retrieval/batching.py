@@ -23,14 +23,6 @@ from retrieval.cache import ResultCache
 log = logging.getLogger("retrieval.server")
 
 
-#: Why the command line loads the retriever on the batching thread. On CPU, torch's OpenMP threads spin
-#: between parallel regions only while the process has no more OpenMP threads than cores; each other
-#: thread that ever ran a torch op keeps a team of its own, and past that count every team sleeps and is
-#: woken between the hundreds of small regions of one encoder call. Measured on 2 cores (MiniLM, one
-#: query): 12 ms on the only thread that ran torch, 19 ms on a thread beside a main thread that had.
-LOADED_HERE = "the retriever is loaded on the batching thread"
-
-
 class SearchTimeout(Exception):
     """A request waited longer than its deadline for its batches (HTTP 504)."""
 
@@ -70,8 +62,11 @@ class MicroBatcher:
                  cache_bytes: int = 0, *, load: Optional[Callable[[], object]] = None):
         """``retriever``, or ``load``: a function that makes it, run on the batching thread before it serves
         (the command line's way: the encoder and the index are then loaded, and any GPU memory taken, by the
-        thread that uses them, and no other thread of the process ever runs torch; see :data:`LOADED_HERE`).
-        What ``load`` raises is raised here."""
+        thread that uses them, and no other thread of the process ever runs torch). On CPU that matters too:
+        libgomp keeps its OpenMP threads spinning between parallel regions only while the process has no more
+        of them than cores, and each thread that ever ran a torch op keeps a team of its own; past that count
+        every team sleeps between the small regions of one encoder call (one MiniLM query 1.79x slower on a
+        second thread: ``python bench/bench_retrieval.py --parts teams``). What ``load`` raises is raised here."""
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if (retriever is None) == (load is None):

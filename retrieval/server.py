@@ -43,11 +43,10 @@ def parse(argv=None) -> tuple[LoadConfig, ServerConfig, ServeConfig]:
     return configs  # type: ignore[return-value]
 
 
-#: libgomp's spin before an idle OpenMP thread sleeps (its default: 300,000). Long enough to bridge the gaps
-#: between the parallel regions of one encoder call (1,000 is not: MiniLM one query 12 -> 19 ms on 2 cores),
-#: short enough that the threads stop spinning soon after a batch, leaving the cores to the request and
-#: waitress threads that answer it (p50 over the search 2.9 -> 1.7 ms). Read when torch loads; set yours
-#: to override. ``python bench/bench_retrieval.py --parts versus`` measures the server with it.
+#: libgomp's spin before an idle OpenMP thread sleeps (its default: 300,000): long enough to bridge the gaps
+#: between the parallel regions of one encoder call, short enough that the threads stop spinning soon after a
+#: batch and leave the cores to the request and waitress threads that answer it. Read when torch loads; set
+#: yours to override. ``python bench/bench_retrieval.py --parts versus`` measures the server with it.
 GOMP_SPINCOUNT = "30000"
 
 
