@@ -12,7 +12,8 @@
 #   5. checkpoint, resume from it for 1 more step, merge, held-out EM after training, infer.py
 #   6. plots of the run (python -m train.plot)
 #   7. the dense (MiniLM) retriever over the bundled Wikipedia sample, queried once
-#   8. the checks (python -m train.demo check): reward rose, held-out EM rose, the run resumed, the plots
+#   8. a real language model (SmolLM2-135M-Instruct, converted by `make models`) asked a held-out question
+#   9. the checks (python -m train.demo check): reward rose, held-out EM rose, the run resumed, the plots
 #      exist; the demo exits 1 naming any that failed
 # STEPS=N changes the number of training steps (default 30); DEMO_DIR the output folder.
 set -euo pipefail
@@ -96,7 +97,14 @@ if [ ! -f runs/index/minilm/manifest.json ]; then
 fi
 "$PY" -m train.demo dense runs/index/minilm
 
-echo "== 8. the demo's checks $(elapsed)"
+echo "== 8. a real language model: SmolLM2-135M-Instruct, as released, on a held-out question $(elapsed)"
+Q=$("$PY" -m train.demo test-question)
+echo "infer.py --model smollm2-135m-instruct \"$Q\":"
+"$PY" infer.py "$Q" --model smollm2-135m-instruct --index runs/index/minilm --max-turns 1 --max-new-tokens 64 \
+  --device cpu 2> "$OUT/infer_smollm2.log" || { tail -20 "$OUT/infer_smollm2.log"; exit 1; }
+echo "(untrained, it seldom writes the protocol's tags: docs/real-model.md warm-starts it and trains it with RL)"
+
+echo "== 9. the demo's checks $(elapsed)"
 "$PY" -m train.demo check "$OUT" --steps "$STEPS"
 echo "logs: $RUN/train.log, $RUN/train_resume.log, $OUT/retriever.log; metrics: $RUN/metrics.jsonl;"
 echo "checkpoints: $RUN/checkpoints; merged model: $OUT/hf; per-question evaluation: $OUT/eval_{before,after}.jsonl"

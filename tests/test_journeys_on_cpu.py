@@ -1,7 +1,8 @@
 """The README's journeys run as a user types them, on the bundled data and a tiny model, with the one
 CPU switch (``REHEARSAL=cpu``, configs/rehearsal/cpu.yaml) and nothing else changed but paths and ports:
-``retrieval_launch.sh`` (BM25 and MiniLM), every ``scripts/train_*.sh`` launcher for a step (``train_ppo.sh``:
-tests/test_rehearsal_on_cpu.py), ``scripts/evaluate.sh``, ``infer.py --file`` and
+``retrieval_launch.sh`` (BM25 and MiniLM), the ``scripts/train_*.sh`` launchers for a step (``train_ppo.sh``:
+tests/test_rehearsal_on_cpu.py; ``train_grpo.sh`` and ``train_llds_r.sh``: the shared launcher body, whose
+``run_preset grpo`` reproduce_paper.sh runs here end to end), ``scripts/evaluate.sh``, ``infer.py --file`` and
 ``scripts/reproduce_paper.sh`` end to end (a local model, so ``PAPER_ROW`` names the row; the best step
 chosen over the run's checkpoints, then that ``STEP`` again). ``scripts/multinode.sh`` on two Ray nodes:
 tests/test_multinode_on_cpu.py."""
@@ -141,8 +142,9 @@ def test_retrieval_launch_serves_lucene_beside_bm25s(journey, corpus_path, qa_pa
         proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("launcher,preset", [("train_grpo.sh", "grpo"), ("train_llds.sh", "grpo_llds"),
-                                             ("train_llds_r.sh", "grpo_llds_r"), ("train_llds_ma.sh", "grpo_llds_ma"),
+#: the launchers run for a step here; train_grpo.sh runs as reproduce_paper.sh runs it (run_preset grpo, below)
+#: and train_llds_r.sh is train_llds.sh's body with its own preset (tests/test_shell_scripts_on_cpu.py)
+@pytest.mark.parametrize("launcher,preset", [("train_llds.sh", "grpo_llds"), ("train_llds_ma.sh", "grpo_llds_ma"),
                                              ("train_gspo_llds.sh", "gspo_llds")])
 def test_every_train_launcher_runs_a_step(journey, launcher, preset):
     from step_metrics import parse

@@ -155,7 +155,9 @@ def test_installed_wheel_reads_the_packaged_paper_table(venv):
 SCRIPTS = {"search-r1-train": "powered by Hydra", "search-r1-infer": "usage: infer.py",
            "search-r1-evaluate": "usage: python -m train.evaluate", "search-r1-data": "usage",
            "search-r1-plot": "usage", "search-r1-index": "usage", "search-r1-retriever": "usage",
-           "search-r1-launch": "usage: python -m retrieval.launch"}
+           "search-r1-launch": "usage: python -m retrieval.launch",
+           "search-r1-get-model": "usage: python -m train.get_model",
+           "search-r1-warm-start": "usage: python -m train.warm_start"}
 
 
 def test_console_scripts_are_immune_to_a_train_py_in_the_working_folder(venv, tmp_path):

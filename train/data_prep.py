@@ -15,12 +15,14 @@ group id, so NQ row i and HotpotQA row i shared a GRPO group; here ``uid`` is gl
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from collections import Counter
 from pathlib import Path
 
 from train.errors import DataError, exit_on_error
+from train.files import atomic_write
 from train.search_r1.dataset import (
     HUB_REPO,
     TEST_SOURCES,
@@ -84,6 +86,10 @@ def main(argv=None) -> None:
     write_parquet(train_rows, out / "train.parquet")
     if test_rows:
         write_parquet(test_rows, out / "test.parquet")
+    split = {"command": "python -m train.data_prep " + " ".join(argv if argv is not None else sys.argv[1:]),
+             "test": sorted(r["extra_info"]["id"] for r in test_rows),
+             "train": sorted(r["extra_info"]["id"] for r in train_rows)}
+    atomic_write(out / "split.json", json.dumps(split, indent=0) + "\n")  # which question went where
     print(f"train.parquet: {len(train_rows)} rows {dict(Counter(train_counts))}")
     print(f"test.parquet:  {len(test_rows)} rows {dict(Counter(test_counts))}")
     if test_rows and args.val_per_source:

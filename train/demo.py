@@ -2,6 +2,7 @@
 
     python -m train.demo compare BEFORE.jsonl AFTER.jsonl   # held-out EM before -> after RL, a few questions
     python -m train.demo question EVAL.jsonl                # the first question of an evaluation file
+    python -m train.demo test-question                      # the first NQ question of the test split (data/split.json)
     python -m train.demo dense INDEX [--query Q]            # one search of a dense index, as the policy reads it
     python -m train.demo check DEMO_DIR --steps N           # the demo's pass criteria; exit 1 naming what failed
 
@@ -59,6 +60,24 @@ def dense(index: Path, query: str, topk: int = 3) -> None:
     print(protocol.format_observation(contents_of(res[0])).strip()[:500], "...")
 
 
+def test_question(dataset: str = "nq") -> str:
+    """The first ``dataset`` question of the bundled data's recorded test split (data/split.json)."""
+    import json
+
+    from train import DATA_DIR
+
+    split, qa = DATA_DIR / "split.json", DATA_DIR / "qa.jsonl"
+    if not split.is_file() or not qa.is_file():
+        raise DataError(f"{split} and {qa} come with a source checkout")
+    test = set(json.loads(split.read_text())["test"])
+    with open(qa, encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec["id"] in test and rec.get("dataset") == dataset:
+                return rec["question"]
+    raise DataError(f"{split}: no {dataset} question in the test split")
+
+
 def check(demo_dir: Path, steps: int) -> int:
     from train.toy.demo_checks import demo_checks
     from train.trainer.metrics_file import read_metrics
@@ -89,6 +108,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("after", type=Path)
     p = sub.add_parser("question", help="the first question of an evaluation file")
     p.add_argument("eval_file", type=Path)
+    sub.add_parser("test-question", help="the first NQ question of the recorded test split")
     p = sub.add_parser("dense", help="one search of a dense index")
     p.add_argument("index", type=Path)
     p.add_argument("--query", default=DENSE_QUERY)
@@ -100,6 +120,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         compare(args.before, args.after)
     elif args.what == "question":
         print(next(iter(read_eval(args.eval_file).values()))["question"])
+    elif args.what == "test-question":
+        print(test_question())
     elif args.what == "dense":
         dense(args.index, args.query)
     else:

@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("question", nargs="?", help="the question (or use --file)")
     ap.add_argument("--file", help="FlashRAG-format jsonl of questions (id, question, golden_answers)")
     ap.add_argument("--out", help="with --file: output jsonl (default: <file>.answers.jsonl)")
-    ap.add_argument("--model", default=DEFAULT_MODEL, help=f"local path or hub id (default {DEFAULT_MODEL})")
+    ap.add_argument("--model", default=DEFAULT_MODEL,
+                    help=f"a model folder, a hub id or a name of `python -m train.get_model --list` "
+                         f"(default {DEFAULT_MODEL})")
     ap.add_argument("--method", choices=list(protocol.METHODS), default="search_r1",
                     help="search_r1 (the agent; default) or a baseline of the paper's table: direct, cot, rag")
     add_flags(ap, concurrency_help="with --file: questions in flight (default %(default)s)")

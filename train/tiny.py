@@ -16,7 +16,8 @@ from pathlib import Path
 
 from train import DATA_DIR
 from train.errors import DataError, exit_on_error
-from train.toy.tiny_model import build_tiny_model, protocol_trajectories, sft_protocol
+from train.sft.supervised import sft_protocol
+from train.toy.tiny_model import build_tiny_model, protocol_trajectories
 
 
 @exit_on_error

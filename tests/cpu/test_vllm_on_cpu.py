@@ -4,11 +4,12 @@ Runs only where vLLM is importable: `make test-vllm` builds `.venv-vllm` (ci/ins
 runs this file there under a hard timeout (a vLLM engine that dies can hang the trainer); in `.venv`
 it is skipped.
 
-The training run is the GPU presets' shape on CPU: verl's trainer, 2 ranks with the reference model
-and the KL loss, LLDS, the presets' EM reward, the search_r1 agent loop against a live retriever, with
-``rollout.name=vllm`` (async server mode, weight sync from the FSDP actor every step), then a
-checkpoint and a resume. verl starts vLLM with ``load_format: dummy`` (random weights), so only the
-per-step weight sync makes vLLM's rollout log-probs match the actor's: the test fails on a gap.
+The training run is the real SmolLM2-135M-Instruct through its preset, in the GPU presets' shape on CPU:
+verl's trainer, 2 ranks with the reference model and the KL loss, LLDS, the search_r1 agent loop against
+a live retriever, with ``rollout.name=vllm`` (async server mode, weight sync from the FSDP actor every
+step), then a checkpoint and a resume. verl starts vLLM with ``load_format: dummy`` (random weights), so
+only the per-step weight sync (tied embeddings included) makes vLLM's rollout log-probs match the actor's:
+the test fails on a gap. infer.py and the evaluator with the vLLM backend run a tiny Qwen2.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ MAX_LOG_PPL_GAP = 1e-4
 
 @pytest.fixture(scope="module")
 def sharp_model(tmp_path_factory, corpus_path) -> Path:
-    """The tiny Qwen2 with its (tied) embeddings scaled x8: token entropy ~1 nat instead of ~6.9
-    (near-uniform), so vLLM's random dummy weights and the synced weights give very different
-    log-probs. head_dim 32 (vLLM's CPU attention needs >= 32)."""
+    """The tiny Qwen2 with its (tied) embeddings scaled x8 (token entropy ~1 nat instead of ~6.9: it stops
+    and answers within a few tokens), for infer.py and the evaluator on vLLM. head_dim 32 (vLLM's CPU
+    attention needs >= 32)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -61,10 +62,10 @@ def _env():
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
 
 
-def run_main(args, log: Path, timeout=600):
+def run_main(args, log: Path, timeout=600, preset="cpu_smoke"):
     with open(log, "w") as f:
         try:
-            r = subprocess.run([sys.executable, "-m", "train.main", "--config-name", "cpu_smoke", *args], cwd=ROOT,
+            r = subprocess.run([sys.executable, "-m", "train.main", "--config-name", preset, *args], cwd=ROOT,
                                env=_env(), stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
         except subprocess.TimeoutExpired:
             pytest.fail(f"train.main with the vLLM rollout did not finish in {timeout} s (a dead engine hangs "
@@ -73,19 +74,19 @@ def run_main(args, log: Path, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def vllm_trained(tmp_path_factory, sharp_model, bm25_server, qa_path):
+def vllm_trained(tmp_path_factory, smollm2_dir, bm25_server, qa_path):
+    """The real SmolLM2 (a Llama whose output layer is its input embedding matrix) by its name through its
+    preset, shrunk to short steps (tests/models/test_smollm2_on_cpu.py: JOURNEY): 2 steps, then a resumed
+    third. vLLM serves the synced weights: its log-probs equal the actor's after every update."""
+    from tests.models.test_smollm2_on_cpu import PRESET, journey_args
     from train.data_prep import main as prep
 
     work = tmp_path_factory.mktemp("vllm_train")
     prep(["--out", str(work / "data"), "--local", str(qa_path), "--holdout", "5"])
-    common = [f"actor_rollout_ref.model.path={sharp_model}", f"data.train_files={work / 'data/train.parquet'}",
-              f"data.val_files={work / 'data/test.parquet'}", f"trainer.default_local_dir={work / 'ckpt'}",
-              f"search_r1.retriever_url={bm25_server.url}/retrieve", "search_r1.max_turn_tokens=16",
-              # top_p 1: vLLM reports log-probs renormalised over the nucleus (a constant -ln 0.95 gap)
-              "actor_rollout_ref.rollout.top_p=1.0", *VLLM_CPU]  # the presets' reward (EM), agent loop, loss
-    run_main([*common, "trainer.total_training_steps=2", "trainer.save_freq=2"], work / "run1.log")
+    common = [*journey_args(work / "data", work / "ckpt", bm25_server.url), *VLLM_CPU]
+    run_main([*common, "trainer.total_training_steps=2", "trainer.save_freq=2"], work / "run1.log", preset=PRESET)
     run_main([*common, "trainer.total_training_steps=3", "trainer.save_freq=3", "trainer.resume_mode=auto"],
-             work / "run2.log")
+             work / "run2.log", preset=PRESET)
     return work
 
 
@@ -125,3 +126,4 @@ def test_infer_and_evaluate_with_the_vllm_backend(tmp_path, sharp_model, bm25_se
     assert "2 engines ready" in r.stderr and "on 2 engines:" in r.stdout
     uids = [line.split('"uid": ')[1].split(",")[0] for line in out.read_text().splitlines()]
     assert len(uids) == 6 == len(set(uids)) and "average (macro)" in r.stdout
+

@@ -74,3 +74,21 @@ def test_dedupe_is_counted(tmp_path, capsys):
     main(["--out", str(tmp_path / "o"), "--local", str(f)])
     out = capsys.readouterr().out
     assert "2 duplicate questions removed" in out and "train.parquet: 4 rows" in out
+
+
+def test_the_recorded_split_of_the_bundled_questions_is_what_data_prep_makes(tmp_path, qa_path):
+    """data/split.json records which bundled question is a test question (the SmolLM2 runs train on the
+    rest, and report EM on these): the command it names makes exactly that split, and no question (by id
+    or by its normalized text) is on both sides."""
+    recorded = json.loads((qa_path.parent / "split.json").read_text())
+    argv = recorded["command"].split()[3:]
+    argv[argv.index("--out") + 1] = str(tmp_path)
+    main(argv)
+    made = json.loads((tmp_path / "split.json").read_text())
+    assert (made["test"], made["train"]) == (recorded["test"], recorded["train"])
+    assert len(recorded["test"]) == 200 and not set(recorded["test"]) & set(recorded["train"])
+    test = pd.read_parquet(tmp_path / "test.parquet")
+    train = pd.read_parquet(tmp_path / "train.parquet")
+    norm = lambda df: {protocol.normalize_answer(e["question"]) for e in df["extra_info"]}  # noqa: E731
+    assert not norm(test) & norm(train)
+    assert dict(test["data_source"].value_counts()) == {"nq": 100, "hotpotqa": 100}

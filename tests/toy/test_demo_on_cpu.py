@@ -125,3 +125,14 @@ def test_step_metrics_prints_the_table_and_the_rise(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[1].split()[:2] == ["1", "0.2"]
     assert "reward: mean of the first 3 steps 0.267, of the last 3 steps 0.733 (+0.467)" in r.stdout
+
+
+def test_the_test_question_is_a_held_out_nq_question(capsys):
+    from train import DATA_DIR
+
+    assert demo.main(["test-question"]) == 0
+    q = capsys.readouterr().out.strip()
+    test = set(json.loads((DATA_DIR / "split.json").read_text())["test"])
+    recs = [json.loads(line) for line in (DATA_DIR / "qa.jsonl").read_text().splitlines()]
+    rec = next(r for r in recs if r["question"] == q)
+    assert rec["id"] in test and rec["dataset"] == "nq"

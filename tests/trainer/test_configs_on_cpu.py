@@ -46,6 +46,20 @@ def test_preset_values():
     assert g.actor_rollout_ref.actor.policy_loss.loss_mode == "gspo" and g.llds.gate == "action"
 
 
+def test_smollm2_presets_differ_only_in_llds():
+    """The two SmolLM2 presets run the same questions, model, sizes and seeds; LLDS is the one difference."""
+    from omegaconf import OmegaConf
+
+    a, b = (OmegaConf.to_container(load(n), resolve=True) for n in ("smollm2_grpo", "smollm2_grpo_llds"))
+    assert (a["llds"]["enable"], b["llds"]["enable"]) == (False, True) and b["llds"]["lambda"] == 0.2
+    for c in (a, b):
+        c.pop("llds"), c["trainer"].pop("experiment_name"), c["trainer"].pop("default_local_dir")
+        c["actor_rollout_ref"]["rollout"]["trace"].pop("experiment_name")
+    assert a == b
+    check_config(load("smollm2_grpo_llds"))
+    assert load("smollm2_grpo").data.train_files.endswith("train.parquet")
+
+
 def test_bad_values_are_named():
     with pytest.raises(ValueError, match="llds.gate"):
         check_config(load("grpo_llds", ["llds.gate=chunk"]))
@@ -57,7 +71,10 @@ def test_bad_values_are_named():
         check_config(load("grpo", ["trainer.use_v1=true"]))
 
 
-@pytest.mark.parametrize("name,dtype", [*[(p, "bf16") for p in PRESETS], ("cpu_smoke", "fp32"), ("cpu_learn", "fp32")])
+CPU_PRESETS = ["cpu_smoke", "cpu_learn", "smollm2_grpo", "smollm2_grpo_llds"]
+
+
+@pytest.mark.parametrize("name,dtype", [*[(p, "bf16") for p in PRESETS], *[(p, "fp32") for p in CPU_PRESETS]])
 def test_compute_precision_is_explicit_and_shared_by_actor_and_ref(name, dtype):
     """verl's FSDP engine reads only fsdp_config.mixed_precision (unset: bf16 autocast); the actor and
     the reference model compute the KL between them, so they compute in the same precision."""
@@ -67,7 +84,7 @@ def test_compute_precision_is_explicit_and_shared_by_actor_and_ref(name, dtype):
     assert dict(a.ref.fsdp_config.mixed_precision) == want
 
 
-@pytest.mark.parametrize("name", [*PRESETS, "cpu_smoke", "cpu_learn"])
+@pytest.mark.parametrize("name", [*PRESETS, *CPU_PRESETS])
 def test_fsdp2_for_actor_ref_and_critic_on_every_platform(name):
     """FSDP2 everywhere (configs/_base.yaml): verl's default FSDP1 cannot run on CPU, so a GPU run on
     FSDP1 would train and checkpoint through code CI never runs. The strategy reaches the engine config

@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ap = argparse.ArgumentParser(prog="python -m train.evaluate", description=DESCRIPTION,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="HF model folder or hub id (or --checkpoints)")
+    ap.add_argument("--model", default=None, help="HF model folder, hub id or a name of "
+                    "`python -m train.get_model --list` (or --checkpoints)")
     ap.add_argument("--checkpoints", default=None, metavar="CKPT_DIR",
                     help="evaluate every complete global_step_N in CKPT_DIR (a run's trainer.default_local_dir)")
     ap.add_argument("--data", required=True, help="test parquet (train.data_prep)")

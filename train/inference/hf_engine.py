@@ -69,6 +69,15 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
 
 
+def end_of_turn_token_ids(model, tokenizer) -> frozenset[int]:
+    """The ids a generation stops at, as vLLM stops: the tokenizer's EOS and every ``eos_token_id`` of the
+    model's generation config (Qwen2.5-Instruct: ``<|im_end|>`` and ``<|endoftext|>``); no family's
+    convention is assumed."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = {tokenizer.eos_token_id} | set(eos if isinstance(eos, (list, tuple)) else [eos])
+    return frozenset(int(i) for i in ids if i is not None)
+
+
 #: Default bound of the kept caches: 4 GiB on a GPU (Qwen2.5-3B in bf16 keeps 36 KiB per token: ~115
 #: two-thousand-token trajectories), 512 MiB on CPU.
 DEFAULT_CACHED_BYTES = {"cuda": 4 << 30, "cpu": 512 << 20}
@@ -82,6 +91,7 @@ class HFBatchedServerManager:
             raise ValueError("the batched hf engine handles full-attention models only (this one has sliding "
                              "window layers)")
         self.model, self.tokenizer = model, tokenizer
+        self.eos_ids = end_of_turn_token_ids(model, tokenizer)
         self.device = torch.device(device) if device else next(model.parameters()).device
         self.max_batch, self.max_cached = max_batch, max_cached
         self.max_cached_bytes = int(max_cached_bytes if max_cached_bytes is not None else
@@ -245,7 +255,7 @@ class HFBatchedServerManager:
         if row.want_logprobs:
             row.logprobs.append(lp)
         row.next_token = tok
-        if tok == self.tokenizer.eos_token_id or len(row.generated) >= row.max_tokens:
+        if tok in self.eos_ids or len(row.generated) >= row.max_tokens:
             return True
         if row.stops:
             tail = self.tokenizer.decode(row.generated[-32:])

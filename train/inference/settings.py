@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Optional
 
 from train.errors import InferenceError
+from train.models import registry as models
 from train.search_r1 import protocol
 from train.search_r1.config import SearchConfig
 
@@ -67,7 +68,10 @@ class AskSettings:
         """The settings of parsed :func:`add_flags` arguments; a flag a command does not offer keeps
         its default (the evaluator is greedy: no ``--temperature``)."""
         given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
-        return cls(**{**given, **overrides})
+        settings = {**given, **overrides}
+        if "model" in settings:  # a name of train/models/registry.py -> its converted folder
+            settings["model"] = models.resolve(settings["model"])
+        return cls(**settings)
 
     def replace(self, **changes) -> "AskSettings":
         return dataclasses.replace(self, **changes)

@@ -128,7 +128,8 @@ def build(out: Path, *, facts: int = 300, holdout: int = 20, seed: int = 0, sft_
     start is taught no fact of the task (its facts are random recombinations of the names), so
     what it gets right, on train or test questions alike, it got by searching and copying."""
     from train.search_r1 import dataset as data_prep
-    from train.toy.tiny_model import build_tiny_model, sft_protocol
+    from train.sft.supervised import sft_protocol
+    from train.toy.tiny_model import build_tiny_model
 
     if not 0.0 <= wrong_rate <= 1.0:
         raise ValueError(f"--wrong-rate must lie in [0, 1], got {wrong_rate}")

@@ -1,5 +1,5 @@
 """A tiny, real, offline policy: a 2-layer Qwen2 with a byte-level BPE trained on a corpus, and its
-supervised warm start on scripted Search-R1 trajectories (:func:`sft_protocol`). Used by the tests, the
+scripted Search-R1 trajectories for its warm start (:func:`train.sft.supervised.sft_protocol`). Used by the tests, the
 benchmarks and the learnable task; what the command writes: :mod:`train.tiny`.
 """
 
@@ -117,56 +117,3 @@ def protocol_trajectories(qa: Path, corpus: Path, limit: int = 400,
             if len(out) >= limit:
                 break
     return out
-
-
-def sft_protocol(model_dir: str | os.PathLike, trajectories, *, steps: int = 300, batch: int = 8,
-                 lr: float = 3e-3, seed: int = 0, max_tokens: int = 384, progress: bool = False) -> dict:
-    """Supervised steps on scripted Search-R1 trajectories: ``trajectories(count_tokens)`` returns
-    ``[(question, [(text, trained?), ...]), ...]`` (observations sized in the policy's tokens).
-    Only the ``trained`` parts carry loss (observation tokens do not), plus the final EOS."""
-    import random
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from train.search_r1 import protocol
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    examples = []
-    count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
-    for q, parts in trajectories(count):
-        ids = tok.encode(protocol.render_prompt(tok, q), add_special_tokens=False)
-        labels = [-100] * len(ids)
-        for text, trained in parts:
-            t = tok.encode(text, add_special_tokens=False)
-            ids += t
-            labels += t if trained else [-100] * len(t)
-        ids.append(tok.eos_token_id)
-        labels.append(tok.eos_token_id)
-        examples.append((ids[-max_tokens:], labels[-max_tokens:]))
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    losses = []
-    from tqdm import tqdm
-
-    for step in tqdm(range(steps), desc="warm start (SFT)", unit="step", disable=not progress, mininterval=5):
-        chunk = rng.sample(examples, batch)
-        width = max(len(i) for i, _ in chunk)
-        input_ids = torch.full((batch, width), tok.pad_token_id)
-        labels = torch.full((batch, width), -100)
-        attn = torch.zeros((batch, width), dtype=torch.long)
-        for b, (ids, lab) in enumerate(chunk):
-            input_ids[b, : len(ids)] = torch.tensor(ids)
-            labels[b, : len(lab)] = torch.tensor(lab)
-            attn[b, : len(ids)] = 1
-        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    model.save_pretrained(model_dir)
-    return {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / min(10, len(losses)), "examples": len(examples)}

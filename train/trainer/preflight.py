@@ -223,12 +223,21 @@ def data_preflight(config, log=print) -> None:
 
 
 def model_preflight(config) -> None:
-    """A model path that looks local must exist (else transformers asks the hub for it, minutes later
-    in every worker, and fails there)."""
+    """A model name of ``python -m train.get_model --list`` becomes its converted folder in the config
+    (every worker reads that folder); a model path that looks local must exist (else transformers asks
+    the hub for it, minutes later in every worker, and fails there)."""
+    from omegaconf import open_dict
     from verl.trainer.ppo.utils import need_critic
 
     from train.inference.backends import looks_local
+    from train.models import registry as models
 
+    with open_dict(config):
+        model = config.actor_rollout_ref.model
+        model.path = models.resolve(model.get("path"), "actor_rollout_ref.model.path")
+        critic = config.get("critic") or {}
+        if (critic.get("model") or {}).get("path") is not None:  # its own path (or an interpolation of the actor's)
+            critic.model.path = models.resolve(critic.model.path, "critic.model.path")
     paths = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.get("path"))]
     if need_critic(config):
         paths.append(("critic.model.path", ((config.critic.get("model") or {}).get("path"))))

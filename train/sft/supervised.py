@@ -1,0 +1,85 @@
+"""Supervised steps on Search-R1 trajectories (the warm start of a policy that cannot write the format)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Callable, Optional
+
+#: (question, [(text, trained?), ...]): the prompt is built from the question by the protocol
+Trajectory = tuple[str, list[tuple[str, bool]]]
+
+
+def tokenize_trajectories(tok, trajectories: list[Trajectory], max_tokens: int) -> list[tuple[list[int], list[int]]]:
+    """(input ids, labels) per trajectory: the rendered prompt and observations carry no loss
+    (label -100); the policy's turns and the closing EOS do. Kept from the end when longer than
+    ``max_tokens``."""
+    from train.search_r1 import protocol
+
+    out = []
+    for q, parts in trajectories:
+        ids = tok.encode(protocol.render_prompt(tok, q), add_special_tokens=False)
+        labels = [-100] * len(ids)
+        for text, trained in parts:
+            t = tok.encode(text, add_special_tokens=False)
+            ids += t
+            labels += t if trained else [-100] * len(t)
+        ids.append(tok.eos_token_id)
+        labels.append(tok.eos_token_id)
+        out.append((ids[-max_tokens:], labels[-max_tokens:]))
+    return out
+
+
+def sft_protocol(model_dir: str | os.PathLike, trajectories: Callable[[Callable[[str], int]], list[Trajectory]], *,
+                 steps: int = 300, batch: int = 8, lr: float = 3e-3, seed: int = 0, max_tokens: int = 384,
+                 progress: bool = False, out_dir: Optional[str | os.PathLike] = None, weight_decay: float = 0.01,
+                 log: Optional[Callable[[str], None]] = None) -> dict:
+    """Supervised steps on Search-R1 trajectories: ``trajectories(count_tokens)`` returns
+    ``[(question, [(text, trained?), ...]), ...]`` (observations sized in the policy's tokens).
+    Only the ``trained`` parts carry loss (observation tokens do not), plus the final EOS. Saves the
+    model (and its tokenizer) to ``out_dir`` (default: over ``model_dir``)."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
+    examples = tokenize_trajectories(tok, trajectories(count), max_tokens)
+    if len(examples) < batch:
+        raise ValueError(f"{len(examples)} trajectories for a batch of {batch}")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    model.train()
+    losses, t0, order = [], time.time(), []
+    for step in tqdm(range(steps), desc="warm start (SFT)", unit="step", disable=not progress, mininterval=5):
+        if len(order) < batch:  # epochs: every trajectory once before any twice
+            order += rng.sample(range(len(examples)), len(examples))
+        chunk = [examples[i] for i in order[:batch]]
+        del order[:batch]
+        width = max(len(i) for i, _ in chunk)
+        input_ids = torch.full((batch, width), pad)
+        labels = torch.full((batch, width), -100)
+        attn = torch.zeros((batch, width), dtype=torch.long)
+        for b, (ids, lab) in enumerate(chunk):
+            input_ids[b, : len(ids)] = torch.tensor(ids)
+            labels[b, : len(lab)] = torch.tensor(lab)
+            attn[b, : len(ids)] = 1
+        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        if log and (step + 1) % 10 == 0:
+            log(f"  step {step + 1}/{steps}: loss {sum(losses[-10:]) / 10:.4f} ({time.time() - t0:.0f} s)")
+    model.eval()
+    out = out_dir or model_dir
+    model.save_pretrained(out)
+    if out_dir:
+        tok.save_pretrained(out)
+    return {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / min(10, len(losses)), "examples": len(examples),
+            "steps": steps, "batch": batch, "lr": lr, "seconds": round(time.time() - t0, 1),
+            "epochs": round(steps * batch / len(examples), 2), "losses": [round(x, 4) for x in losses]}
