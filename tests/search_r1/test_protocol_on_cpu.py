@@ -34,6 +34,15 @@ def test_parse_turn(text, kind, content):
     assert P.parse_turn(text) == P.Action(kind, content)
 
 
+def test_the_turns_a_warm_start_teaches_parse_back():
+    turn = P.search_turn("who wrote hamlet", "I need to search.")
+    assert turn == "<think> I need to search. </think><search> who wrote hamlet </search>"
+    assert P.parse_turn(turn) == P.Action("search", "who wrote hamlet")
+    answer = P.answer_turn("William Shakespeare", "I found it.")
+    assert P.parse_turn(answer) == P.Action("answer", "William Shakespeare")
+    assert P.is_valid_sequence(turn + P.format_observation(["Hamlet\nA play."]) + answer)
+
+
 def test_truncate_at_stop():
     assert P.truncate_at_stop("a <search> q </search> junk <answer>x</answer>") == "a <search> q </search>"
     assert P.truncate_at_stop("nothing") == "nothing"

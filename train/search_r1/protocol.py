@@ -58,9 +58,7 @@ def normalize_question(question: str) -> str:
     if not isinstance(question, str) or not question.strip():
         raise ValueError("question must be a non-empty string")
     q = question.strip()
-    if not q.endswith("?"):
-        q += "?"
-    return q
+    return q if q.endswith("?") else q + "?"
 
 
 def make_prompt(question: str) -> str:
@@ -129,17 +127,13 @@ def make_method_messages(method: str, question: str, contents: Optional[Sequence
     q = normalize_question(question)
     if method == "search_r1":
         return make_messages(q)
-    if method == "direct":
-        text = DIRECT_TEMPLATE.format(question=q)
-    elif method == "cot":
-        text = COT_TEMPLATE.format(question=q)
-    elif method == "rag":
-        if contents is None:
-            raise ValueError("the rag prompt needs the retrieved passages")
-        text = RAG_TEMPLATE.format(question=q, context=format_context(contents))
-    else:
+    templates = {"direct": DIRECT_TEMPLATE, "cot": COT_TEMPLATE, "rag": RAG_TEMPLATE}
+    if method not in templates:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    return [{"role": "user", "content": text}]
+    if method == "rag" and contents is None:
+        raise ValueError("the rag prompt needs the retrieved passages")
+    context = format_context(contents) if method == "rag" else ""
+    return [{"role": "user", "content": templates[method].format(question=q, context=context)}]
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,9 +156,7 @@ def find_stop(text: str) -> Optional[tuple[int, str]]:
         i = text.find(tag)
         if i >= 0 and (best is None or i < best[0]):
             best = (i, tag)
-    if best is None:
-        return None
-    return best[0] + len(best[1]), best[1]
+    return None if best is None else (best[0] + len(best[1]), best[1])
 
 
 def truncate_at_stop(text: str) -> str:
@@ -252,6 +244,16 @@ def format_observation(
     return block(passages)
 
 
+def search_turn(query: str, thought: str) -> str:
+    """A policy turn that thinks, then searches (a warm start teaches it)."""
+    return f"{THINK_OPEN} {thought} {THINK_CLOSE}{SEARCH_OPEN} {query} {SEARCH_CLOSE}"
+
+
+def answer_turn(answer: str, thought: str) -> str:
+    """A policy turn that thinks, then answers (a warm start teaches it)."""
+    return f"{THINK_OPEN} {thought} {THINK_CLOSE}{ANSWER_OPEN} {answer} {ANSWER_CLOSE}"
+
+
 def format_search_failure() -> str:
     """Observation used when the retriever failed after its retries."""
     return f"\n\n{INFO_OPEN}{SEARCH_FAILED_TEXT}{INFO_CLOSE}\n\n"
@@ -309,9 +311,7 @@ def answer_span(response: str) -> Optional[tuple[int, int]]:
 def extract_answer(response: str) -> Optional[str]:
     """Stripped text of the last generated ``<answer>...</answer>``, or None."""
     span = answer_span(response)
-    if span is None:
-        return None
-    return response[span[0] + len(ANSWER_OPEN): span[1] - len(ANSWER_CLOSE)].strip()
+    return None if span is None else response[span[0] + len(ANSWER_OPEN): span[1] - len(ANSWER_CLOSE)].strip()
 
 
 def count_searches(response: str) -> int:

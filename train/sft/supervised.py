@@ -10,6 +10,11 @@ from typing import Callable, Optional
 #: (question, [(text, trained?), ...]): the prompt is built from the question by the protocol
 Trajectory = tuple[str, list[tuple[str, bool]]]
 
+#: a tokenizer's files, copied as they are into the warm-started folder (a tokenizer saved again by
+#: transformers does not round-trip: it rewrites settings such as ``clean_up_tokenization_spaces``)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
+
 
 def tokenize_trajectories(tok, trajectories: list[Trajectory], max_tokens: int) -> list[tuple[list[int], list[int]]]:
     """(input ids, labels) per trajectory: the rendered prompt and observations carry no loss
@@ -34,11 +39,13 @@ def tokenize_trajectories(tok, trajectories: list[Trajectory], max_tokens: int) 
 def sft_protocol(model_dir: str | os.PathLike, trajectories: Callable[[Callable[[str], int]], list[Trajectory]], *,
                  steps: int = 300, batch: int = 8, lr: float = 3e-3, seed: int = 0, max_tokens: int = 384,
                  progress: bool = False, out_dir: Optional[str | os.PathLike] = None, weight_decay: float = 0.01,
-                 log: Optional[Callable[[str], None]] = None) -> dict:
+                 log: Optional[Callable[[str], None]] = None, sampling: str = "epochs") -> dict:
     """Supervised steps on Search-R1 trajectories: ``trajectories(count_tokens)`` returns
     ``[(question, [(text, trained?), ...]), ...]`` (observations sized in the policy's tokens).
     Only the ``trained`` parts carry loss (observation tokens do not), plus the final EOS. Saves the
-    model (and its tokenizer) to ``out_dir`` (default: over ``model_dir``)."""
+    model (and its tokenizer) to ``out_dir`` (default: over ``model_dir``). ``sampling``: ``"epochs"`` (every
+    trajectory once before any twice) or ``"replacement"`` (each batch an independent draw: the toy policies'
+    warm start, with which their recorded learning numbers were measured)."""
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -47,6 +54,8 @@ def sft_protocol(model_dir: str | os.PathLike, trajectories: Callable[[Callable[
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
     examples = tokenize_trajectories(tok, trajectories(count), max_tokens)
+    if sampling not in ("epochs", "replacement"):
+        raise ValueError(f"sampling must be 'epochs' or 'replacement', got {sampling!r}")
     if len(examples) < batch:
         raise ValueError(f"{len(examples)} trajectories for a batch of {batch}")
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -56,10 +65,13 @@ def sft_protocol(model_dir: str | os.PathLike, trajectories: Callable[[Callable[
     model.train()
     losses, t0, order = [], time.time(), []
     for step in tqdm(range(steps), desc="warm start (SFT)", unit="step", disable=not progress, mininterval=5):
-        if len(order) < batch:  # epochs: every trajectory once before any twice
-            order += rng.sample(range(len(examples)), len(examples))
-        chunk = [examples[i] for i in order[:batch]]
-        del order[:batch]
+        if sampling == "replacement":
+            chunk = rng.sample(examples, batch)
+        else:
+            if len(order) < batch:
+                order += rng.sample(range(len(examples)), len(examples))
+            chunk = [examples[i] for i in order[:batch]]
+            del order[:batch]
         width = max(len(i) for i, _ in chunk)
         input_ids = torch.full((batch, width), pad)
         labels = torch.full((batch, width), -100)
@@ -79,7 +91,21 @@ def sft_protocol(model_dir: str | os.PathLike, trajectories: Callable[[Callable[
     out = out_dir or model_dir
     model.save_pretrained(out)
     if out_dir:
-        tok.save_pretrained(out)
+        copy_tokenizer(model_dir, out, tok)
     return {"first_loss": losses[0], "last_loss": sum(losses[-10:]) / min(10, len(losses)), "examples": len(examples),
             "steps": steps, "batch": batch, "lr": lr, "seconds": round(time.time() - t0, 1),
             "epochs": round(steps * batch / len(examples), 2), "losses": [round(x, 4) for x in losses]}
+
+
+def copy_tokenizer(src: str | os.PathLike, dst: str | os.PathLike, tok) -> None:
+    """The tokenizer of the folder ``src`` into ``dst``, byte for byte (``tok.save_pretrained`` when ``src`` is
+    not a local folder)."""
+    import shutil
+    from pathlib import Path
+
+    if not Path(src).is_dir():
+        tok.save_pretrained(dst)
+        return
+    for name in TOKENIZER_FILES:
+        if (Path(src) / name).is_file():
+            shutil.copy2(Path(src) / name, Path(dst) / name)

@@ -11,8 +11,9 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from train.search_r1 import protocol
 
-SEARCH_TURN = "<think> I need to find this in Wikipedia. </think><search> {q} </search>"
-ANSWER_TURN = "<think> The passages give the answer. </think><answer> {a} </answer>"
+#: the thoughts written before the search and before the answer
+SEARCH_THOUGHT = "I need to find this in Wikipedia."
+ANSWER_THOUGHT = "The passages give the answer."
 
 
 def supported_answer(golds: Sequence[str], contents: Sequence[str]) -> Optional[str]:
@@ -30,7 +31,7 @@ def retrieved_trajectories(rows: Iterable[tuple[str, Sequence[str]]], search: Ca
                            batch: int = 64) -> tuple[list, dict]:
     """``rows``: (question, gold answers); ``search(queries)`` -> passages' contents per query.
     Returns the trajectories (:data:`train.sft.supervised.Trajectory`) and counts (kept, unsupported)."""
-    rows = list(rows)
+    rows = [(q.strip(), golds) for q, golds in rows]  # the query searched is the one the search turn writes
     out, unsupported = [], 0
     for i in range(0, len(rows), batch):
         chunk = rows[i:i + batch]
@@ -39,9 +40,8 @@ def retrieved_trajectories(rows: Iterable[tuple[str, Sequence[str]]], search: Ca
             if answer is None:
                 unsupported += 1
                 continue
-            q = q.strip()
-            out.append((q, [(SEARCH_TURN.format(q=q), True),
+            out.append((q, [(protocol.search_turn(q, SEARCH_THOUGHT), True),
                             (protocol.format_observation(contents, max_tokens=obs_tokens, count_tokens=count_tokens),
                              False),
-                            (ANSWER_TURN.format(a=answer), True)]))
+                            (protocol.answer_turn(answer, ANSWER_THOUGHT), True)]))
     return out, {"questions": len(rows), "kept": len(out), "unsupported": unsupported}

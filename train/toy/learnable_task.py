@@ -160,7 +160,8 @@ def build(out: Path, *, facts: int = 300, holdout: int = 20, seed: int = 0, sft_
         return scripted_trajectories(names, sft_steps * 16, wrong_rate=wrong_rate, seed=seed,
                                      count_tokens=count_tokens)
 
-    stats = sft_protocol(model, trajectories, steps=sft_steps, batch=16, lr=3e-3, seed=seed, progress=progress)
+    stats = sft_protocol(model, trajectories, steps=sft_steps, batch=16, lr=3e-3, seed=seed, progress=progress,
+                         sampling="replacement")
     (out / BUILD_FILE).write_text(json.dumps(settings))  # last: a build cut short is not reused
     return {"corpus": str(corpus), "qa": str(qa), "model": str(model), "train": len(train), "test": len(test),
             **stats}
