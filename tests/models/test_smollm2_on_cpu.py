@@ -127,7 +127,9 @@ def test_the_evaluator_on_twenty_test_questions(recorded_split, bm25_index_dir, 
     test_ids = set(json.loads((ROOT / "data" / "split.json").read_text())["test"])
     assert len(rows) == 20 and {r["data_source"] for r in rows} == {"nq", "hotpotqa"}
     assert "average (macro)" in text and all(0 <= r["em"] <= 1 for r in rows)
-    prepared = {e["uid"]: e["id"] for e in __import__("pandas").read_parquet(recorded_split / "test.parquet")["extra_info"]}
+    import pandas as pd
+
+    prepared = {e["uid"]: e["id"] for e in pd.read_parquet(recorded_split / "test.parquet")["extra_info"]}
     assert {prepared[r["uid"]] for r in rows} <= test_ids
 
 

@@ -4,8 +4,6 @@ loss, that the supervised steps learn, and the command on a real split and a rea
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import refuses, run_command
 from train.search_r1 import protocol
 from train.sft.supervised import sft_protocol, tokenize_trajectories
@@ -92,7 +90,8 @@ def test_supervised_steps_learn_the_turns_and_leave_the_source_untouched(tiny_mo
     assert protocol.parse_turn(taught).kind == "search" and taught.startswith("<think> I search. </think>"), taught
 
 
-def test_the_command_warm_starts_from_a_training_split(tiny_model_dir, bm25_index_dir, recorded_split, tmp_path, capsys):
+def test_the_command_warm_starts_from_a_training_split(tiny_model_dir, bm25_index_dir, recorded_split, tmp_path,
+                                                       capsys):
     from train.warm_start import main
 
     out = tmp_path / "sft"
@@ -109,7 +108,8 @@ def test_the_command_warm_starts_from_a_training_split(tiny_model_dir, bm25_inde
         assert (out / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name
 
 
-def test_the_command_refuses_what_is_not_a_training_split(tiny_model_dir, bm25_index_dir, recorded_split, tmp_path, capsys):
+def test_the_command_refuses_what_is_not_a_training_split(tiny_model_dir, bm25_index_dir, recorded_split, tmp_path,
+                                                          capsys):
     from train.warm_start import main
 
     base = ["--model", str(tiny_model_dir), "--index", str(bm25_index_dir), "--out", str(tmp_path / "o")]
@@ -118,5 +118,6 @@ def test_the_command_refuses_what_is_not_a_training_split(tiny_model_dir, bm25_i
     refuses(main, [*base, "--data", str(tmp_path / "none.parquet")], capsys, r"none.parquet: no such file")
     refuses(main, ["--model", str(tmp_path / "no-model"), "--index", str(bm25_index_dir), "--out", str(tmp_path),
                    "--data", str(recorded_split / "train.parquet")], capsys, r"--model .*no-model: no such folder")
-    refuses(main, [*base, "--data", str(recorded_split / "train.parquet"), "--steps", "0"], capsys, r"--steps must be >= 1")
+    refuses(main, [*base, "--data", str(recorded_split / "train.parquet"), "--steps", "0"], capsys,
+            r"--steps must be >= 1")
     assert not (tmp_path / "o").exists()
