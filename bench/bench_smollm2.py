@@ -16,7 +16,9 @@
   model, the warm start, after each RL run), with bootstrap 95% intervals over the questions, paired
   by question for the gains.
 
-Every part writes its files under ``--out`` and reuses what is there (delete a file to redo it);
+Every part writes its files under ``--out`` and reuses what is there (delete a file to redo it); an
+evaluation is reused, or resumed after an interruption, only while its command and the weights of its
+model are unchanged;
 ``--out``/results.json gathers the numbers and the tables are printed at the end. The retriever is
 the MiniLM flat index over the bundled corpus (``runs/index/minilm``, built when missing). The hf
 engine and training run with this interpreter; vLLM with ``--vllm-python`` (the CPU vLLM environment of
@@ -101,16 +103,23 @@ class Bench:
         print(f"data: {len(made['train'])} train, {len(made['test'])} test questions; index {index}")
 
     def evaluate(self, model: str, method: str, backend: str, out: Path, limit=None, extra=()) -> float:
-        """``python -m train.evaluate`` into ``out`` (reused when complete); wall seconds (None: reused)."""
-        done = out.with_suffix(".done")
-        if done.is_file():
-            return json.loads(done.read_text())["seconds"]
+        """``python -m train.evaluate`` into ``out``; wall seconds. A complete evaluation is reused and an
+        interrupted one resumed from the rows in ``out``, only while the command and the model's weights
+        are the ones they were made with (``out.stamp``); otherwise it starts over."""
         py = self.a.vllm_python if backend == "vllm" else sys.executable
         cmd = [py, "-m", "train.evaluate", "--model", model, "--data", str(self.data / "test.parquet"),
                "--method", method, "--backend", backend, "--index", self.a.index, "--out", str(out), *extra]
         if limit:
             cmd += ["--limit", str(limit)]
-        seconds = run(cmd, out.with_suffix(".log"))  # an interrupted evaluation resumes from the rows in `out`
+        done, stamp_file = out.with_suffix(".done"), out.with_suffix(".stamp")
+        stamp = json.dumps({"command": cmd[1:], "weights": weights_stamp(model)}, sort_keys=True)
+        if not stamp_file.is_file() or stamp_file.read_text() != stamp:
+            out.unlink(missing_ok=True)
+            done.unlink(missing_ok=True)
+            stamp_file.write_text(stamp)
+        if done.is_file():
+            return json.loads(done.read_text())["seconds"]
+        seconds = run(cmd, out.with_suffix(".log"))
         done.write_text(json.dumps({"seconds": seconds}) + "\n")
         return seconds
 
@@ -238,6 +247,18 @@ class Bench:
                                        "questions": len(common)}
         self.results["heldout"] = held
         self.save()
+
+
+def weights_stamp(model: str) -> list:
+    """(file, bytes, mtime) of the model folder's weights (a registry name resolved first): what tells one
+    checkpoint written to a path from the next."""
+    from train.models.registry import ModelNotReady, resolve
+
+    try:
+        folder = Path(resolve(model))
+    except ModelNotReady:
+        return []
+    return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.glob("*.safetensors"))]
 
 
 def evaluator_speed(log: Path) -> dict:

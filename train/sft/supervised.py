@@ -10,8 +10,8 @@ from typing import Callable, Optional
 #: (question, [(text, trained?), ...]): the prompt is built from the question by the protocol
 Trajectory = tuple[str, list[tuple[str, bool]]]
 
-#: a tokenizer's files, copied as they are into the warm-started folder (a tokenizer saved again by
-#: transformers does not round-trip: it rewrites settings such as ``clean_up_tokenization_spaces``)
+#: a tokenizer's files, copied as they are into the warm-started folder: the folder carries the tokenizer
+#: the model came with, whatever the installed transformers would write when saving one
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
 
@@ -46,6 +46,8 @@ def sft_protocol(model_dir: str | os.PathLike, trajectories: Callable[[Callable[
     model (and its tokenizer) to ``out_dir`` (default: over ``model_dir``). ``sampling``: ``"epochs"`` (every
     trajectory once before any twice) or ``"replacement"`` (each batch an independent draw: the toy policies'
     warm start, with which their recorded learning numbers were measured)."""
+    if sampling not in ("epochs", "replacement"):
+        raise ValueError(f"sampling must be 'epochs' or 'replacement', got {sampling!r}")
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -54,8 +56,6 @@ def sft_protocol(model_dir: str | os.PathLike, trajectories: Callable[[Callable[
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
     examples = tokenize_trajectories(tok, trajectories(count), max_tokens)
-    if sampling not in ("epochs", "replacement"):
-        raise ValueError(f"sampling must be 'epochs' or 'replacement', got {sampling!r}")
     if len(examples) < batch:
         raise ValueError(f"{len(examples)} trajectories for a batch of {batch}")
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
