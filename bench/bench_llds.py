@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.verl_layout import actor_config, jagged_log_probs, make_batch, padded_response_log_probs, to_micro_batches  # noqa: E402
+from bench.verl_layout import actor_config, jagged_log_probs, make_batch, padded_response_log_probs, to_micro_batches  # noqa: E402
 from train.llds.loss import LLDSConfig, llds_ppo_loss  # noqa: E402
 
 

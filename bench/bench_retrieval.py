@@ -180,7 +180,7 @@ def part_versus(args):
     """Ours vs the previous commit's server vs a plain FastAPI server (one encoder call per request), each in
     its own process over the same index, at 1, 8, 32 and 64 clients (rounds alternate between the three),
     beside the floor: the encoder's and the index's own time for one query."""
-    from tests.conftest import free_port
+    from retrieval.serving import free_port
 
     index = ensure_index(Path(args.index)).resolve()
     tmp = Path(tempfile.mkdtemp(prefix="bench_versus_"))

@@ -1,7 +1,13 @@
 """SmolLM2-135M-Instruct through the whole pipeline on CPU, one command (``make bench-smollm2``):
 
-    python bench/bench_smollm2.py [--parts data,table,warm,rl,heldout] [--out runs/smollm2] [--steps 12]
-                                  [--rollout hf|vllm] [--table-limit 25]
+    python bench/bench_smollm2.py [--parts data,table,warm,rl,heldout] [--out runs/smollm2] [--steps 10]
+                                  [--save-freq 5] [--rollout hf|vllm] [--table-limit 25]
+
+Needs ``.venv`` and the CPU vLLM environment ``.venv-vllm`` (``make .venv-vllm/.installed``; the table and
+the held-out evaluations run vLLM there, ``--vllm-python``) and the converted model (``make models``).
+About 75 minutes on 2 cores with the defaults (the times of docs/real-model.md: the table ~15 min, the warm
+start 5, the two RL runs of 10 steps ~16 each, the held-out evaluations ~20, the hf one of them ~13); longer
+on a slower machine. Every part is reused when rerun, so an interrupted run goes on where it stopped.
 
 - ``data``: the recorded split of the bundled questions (data/split.json: 200 test, 500 train).
 - ``table``: the untrained model on the test split (``--table-limit`` per dataset) with the paper's four
@@ -112,6 +118,7 @@ class Bench:
         if limit:
             cmd += ["--limit", str(limit)]
         done, stamp_file = out.with_suffix(".done"), out.with_suffix(".stamp")
+        out.parent.mkdir(parents=True, exist_ok=True)  # the stamp is the first file of a fresh --out
         stamp = json.dumps({"command": cmd[1:], "weights": weights_stamp(model)}, sort_keys=True)
         if not stamp_file.is_file() or stamp_file.read_text() != stamp:
             out.unlink(missing_ok=True)
@@ -162,6 +169,7 @@ class Bench:
 
     def part_rl(self) -> None:
         port = free_port()
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
         server = subprocess.Popen([sys.executable, "-m", "retrieval.server", "--index", self.a.index, "--port",
                                    str(port)], cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
                                   stderr=open(self.out / "logs" / "retriever.log", "w"))
@@ -427,8 +435,11 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="data,table,warm,rl,heldout")
     ap.add_argument("--out", default="runs/smollm2")
     ap.add_argument("--index", default="runs/index/minilm")
-    ap.add_argument("--steps", type=int, default=32, help="RL steps per run (the presets' 32: about an hour each)")
-    ap.add_argument("--save-freq", type=int, default=0, help="checkpoint every N steps (default: at the end)")
+    ap.add_argument("--steps", type=int, default=10,
+                    help="RL steps per run (default 10, the runs of docs/real-model.md: about 16 min each; the "
+                         "presets' own 32: about an hour each)")
+    ap.add_argument("--save-freq", type=int, default=5, help="checkpoint every N steps and at the end (default 5, as "
+                    "the runs of docs/real-model.md; 0: only at the end)")
     ap.add_argument("--rollout", choices=["hf", "vllm"], default="hf")
     ap.add_argument("--table-limit", type=int, default=25, help="test questions per dataset in the methods table")
     ap.add_argument("--table-tokens", type=int, default=128, help="new tokens per turn in the methods table")

@@ -80,7 +80,7 @@ def check(tokenizer, rec: Recorder, outputs) -> dict:
 
 
 async def run_all(gen, tokenizer, questions, search_client, concurrency: int):
-    from train.search_r1 import protocol
+    from train.search_r1 import prompts
     from train.search_r1.agent_loop import standalone_loop
 
     sem = asyncio.Semaphore(concurrency)
@@ -89,7 +89,7 @@ async def run_all(gen, tokenizer, questions, search_client, concurrency: int):
         async with sem:
             loop = standalone_loop(tokenizer, gen, search={"max_turns": 2, "max_turn_tokens": 96, "max_obs_tokens": 96},
                                    search_client=search_client, response_length=1024)
-            return await loop.run({"temperature": 1.0, "top_p": 1.0}, raw_prompt=protocol.make_messages(q))
+            return await loop.run({"temperature": 1.0, "top_p": 1.0}, raw_prompt=prompts.make_messages(q))
 
     return await asyncio.gather(*(one(q) for q in questions))
 

@@ -29,9 +29,17 @@ MAX_CLIENTS_SHOWN = 256
 
 
 class BadRequest(Exception):
+    """The client's request is wrong (HTTP 4xx: 400, or 415 for a body that is not JSON); the message says how."""
+
     def __init__(self, message: str, status: int = 400):
+        if not 400 <= status < 500:
+            raise ValueError(f"BadRequest is a client error (4xx), not {status}")
         super().__init__(message)
         self.message, self.status = message, status
+
+
+class NotServing(Exception):
+    """The server cannot search now: its batching thread is not running (HTTP 503; restart the server)."""
 
 
 @dataclass
@@ -105,12 +113,9 @@ def create_app(retriever=None, config: Optional[ServerConfig] = None, *, load: O
     from retrieval.folder import identity_of, index_id
 
     cfg = config or ServerConfig()
-    problems = cfg.problems()
-    if problems:
-        raise ValueError("; ".join(problems))
+    batcher = MicroBatcher(retriever, cfg, load=load)  # checks cfg (ValueError) before anything is served
     app = Flask("retrieval")
     app.config["MAX_CONTENT_LENGTH"] = cfg.max_body_bytes
-    batcher = MicroBatcher(retriever, cfg.max_batch, cfg.max_wait_ms, cfg.max_batch_chars, cfg.cache_bytes, load=load)
     retriever = batcher.retriever
     # what this server serves, named (replicas on several nodes must agree: scripts/multinode.sh compares it)
     state = ServerState(cfg, batcher, index_id(identity_of(retriever)))
@@ -129,6 +134,10 @@ def create_app(retriever=None, config: Optional[ServerConfig] = None, *, load: O
     @app.errorhandler(BadRequest)
     def _bad(e: BadRequest):
         return jsonify(error=e.message), e.status
+
+    @app.errorhandler(NotServing)
+    def _not_serving(e: NotServing):
+        return jsonify(error=str(e)), 503
 
     @app.errorhandler(HTTPException)
     def _http(e: HTTPException):
@@ -172,8 +181,7 @@ def create_app(retriever=None, config: Optional[ServerConfig] = None, *, load: O
         queries, topk, return_scores = parse_request(body, cfg)
         state.count_client(request.remote_addr or "unknown")
         if not batcher.alive:
-            raise BadRequest(f"the batching thread is not running ({batcher.error or 'stopped'}); restart the server",
-                             503)
+            raise NotServing(f"the batching thread is not running ({batcher.error or 'stopped'}); restart the server")
         results = batcher.search(queries, topk, timeout=cfg.request_timeout_s)
         if return_scores:
             out = [[{"document": doc, "score": score} for doc, score in r] for r in results]

@@ -19,6 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Optional
 
 from retrieval.cache import ResultCache
+from retrieval.settings import ServerConfig
 
 log = logging.getLogger("retrieval.server")
 
@@ -58,23 +59,28 @@ class MicroBatcher:
     threads would pin one per thread; here it is one. A lone request costs no wait: the thread blocks on
     the queue and starts a batch the moment a request lands (``max_wait_ms`` 0)."""
 
-    def __init__(self, retriever=None, max_batch: int = 256, max_wait_ms: float = 0.0, max_batch_chars: int = 262144,
-                 cache_bytes: int = 0, *, load: Optional[Callable[[], object]] = None):
-        """``retriever``, or ``load``: a function that makes it, run on the batching thread before it serves
+    def __init__(self, retriever=None, config: Optional[ServerConfig] = None, *,
+                 load: Optional[Callable[[], object]] = None):
+        """``config``: the server's settings (this reads ``max_batch``, ``max_batch_chars``, ``max_wait_ms`` and
+        ``cache_bytes``; default :class:`~retrieval.settings.ServerConfig`'s). ``retriever``, or ``load``: a
+        function that makes it, run on the batching thread before it serves
         (the command line's way: the encoder and the index are then loaded, and any GPU memory taken, by the
         thread that uses them, and no other thread of the process ever runs torch). On CPU that matters too:
         libgomp keeps its OpenMP threads spinning between parallel regions only while the process has no more
         of them than cores, and each thread that ever ran a torch op keeps a team of its own; past that count
         every team sleeps between the small regions of one encoder call (one MiniLM query 1.79x slower on a
         second thread: ``python bench/bench_retrieval.py --parts teams``). What ``load`` raises is raised here."""
-        if max_batch < 1:
-            raise ValueError("max_batch must be >= 1")
+        cfg = config or ServerConfig()
+        problems = cfg.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
         if (retriever is None) == (load is None):
             raise ValueError("give a retriever or a load function, not both")
-        self.retriever, self.max_batch, self.max_wait = retriever, max_batch, max_wait_ms / 1000.0
+        self.config = cfg
+        self.retriever, self.max_batch, self.max_wait = retriever, cfg.max_batch, cfg.max_wait_ms / 1000.0
         self._load, self._loaded = load, threading.Event()
         self._load_error: Optional[BaseException] = None
-        self.max_chars = max(1, max_batch_chars)
+        self.max_chars = cfg.max_batch_chars
         self._q: queue.Queue[Optional[_Job]] = queue.Queue()
         self._active: list[_Job] = []  # requests with queries not yet batched, in turn order
         self._thread = threading.Thread(target=self._run, name="retrieval-batcher", daemon=True)
@@ -83,7 +89,7 @@ class MicroBatcher:
         self.queries = 0
         self.largest_batch = 0
         self.repeated_in_batch = 0  # query rows that shared another row's search in the same batch
-        self.cache = ResultCache(cache_bytes)
+        self.cache = ResultCache(cfg.cache_bytes)
         self.error: Optional[str] = None  # why the batching thread died, if it did
         self._thread.start()
         self._loaded.wait()
@@ -171,20 +177,21 @@ class MicroBatcher:
         return taken
 
     def _search(self, slices: list[tuple[_Job, int, int]]) -> None:
-        k = max(j.topk for j, _, _ in slices)
-        rows: dict[str, list] = {}  # query text -> its rows, for this batch
-        unique: list[str] = []  # texts to search, each once, in first-asked order
+        k = max(j.topk for j, _, _ in slices)  # the batch's depth: every text is searched this deep
+        need: dict[str, int] = {}  # query text -> the deepest topk this batch asks of it
         for job, a, b in slices:
             for q in job.queries[a:b]:
-                if q in rows:
+                if q in need:
                     self.repeated_in_batch += 1
-                    continue
-                hit = self.cache.get(q, job.topk) if self.cache.max_bytes else None
-                if hit is not None:
-                    rows[q] = hit
-                else:
-                    rows[q] = None  # type: ignore[assignment]
-                    unique.append(q)
+                need[q] = max(need.get(q, 0), job.topk)
+        rows: dict[str, list] = {}  # query text -> its rows, for this batch
+        unique: list[str] = []  # texts to search, each once, in first-asked order
+        for q, depth in need.items():
+            hit = self.cache.get(q, depth) if self.cache.max_bytes else None
+            if hit is not None:  # kept at least as deep as any request of this batch asks it
+                rows[q] = hit
+            else:
+                unique.append(q)
         try:
             results = self.retriever.search(unique, k) if unique else []
         except Exception as e:  # noqa: BLE001

@@ -18,6 +18,8 @@ from typing import Optional, Sequence
 
 import httpx
 
+from retrieval.errors import RETRIEVER_FAILED
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: Longest query the server accepts by default (``ServerConfig.max_query_chars`` in retrieval/settings.py,
 #: ``--max-query-chars``); the agent loop cuts its queries to it. Here, so that a client needs no Flask import.
@@ -259,7 +261,7 @@ async def wait_healthy_async(url: str, wait: float, interval: float = 2.0, repor
 
 def main(argv=None) -> int:
     """``python -m retrieval.client URL [--wait S]``: exit 0 when the server is healthy (used by the
-    launch scripts), 1 otherwise."""
+    launch scripts), 3 when it does not answer (``docs/errors.md``), 2 for bad flags."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m retrieval.client", description=main.__doc__)
@@ -276,8 +278,7 @@ def main(argv=None) -> int:
         return 0
     if args.pid is not None and not _alive(args.pid):
         print(f"the retrieval server (pid {args.pid}) exited before answering at {args.url}", file=sys.stderr)
-        return 3
-    return 1
+    return RETRIEVER_FAILED  # silent otherwise: scripts probe with it, then say what to start
 
 
 if __name__ == "__main__":

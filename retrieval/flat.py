@@ -109,7 +109,8 @@ def check_cuda_devices(devices: Sequence[str], *, archs: Optional[Sequence[str]]
                 f"{dev} ({label}, compute capability {cap[0]}.{cap[1]}, sm_{cap[0]}{cap[1]}) is not among the GPU "
                 f"architectures this torch build has kernels for ({' '.join(archs) or 'none'}). Install a torch "
                 f"build that includes sm_{cap[0]}{cap[1]} (torch 2.11.0 from PyPI, what `pip install -e '.[gpu]'` "
-                f"installs, has sm_75 sm_80 sm_86 sm_90 sm_100 sm_120), or serve on CPU without --gpu.")
+                f"installs, has sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_103 sm_120 sm_121), or serve on CPU "
+                f"without --gpu.")
 
 
 # 256 MiB of scratch per device: at the server's default batch of 256 queries that is 262,144 fp32

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from retrieval.corpus import CorpusStore
+from retrieval.flags import opt
 
 MANIFEST = "manifest.json"
 
@@ -48,20 +49,23 @@ class IndexKind:
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """What ``python -m retrieval.build`` passes to a kind's builder (each kind reads what it uses)."""
+    """How a kind's builder builds (each kind reads what it uses); each field is a flag of
+    ``python -m retrieval.build`` (:class:`~retrieval.settings.BuildSettings` adds what is built)."""
 
-    encoder: str = "minilm"
-    factory: str = "Flat"
-    batch_size: int = 256
-    max_length: int = 256
-    pooling: Optional[str] = None
-    device: Optional[str] = None
-    limit: Optional[int] = None
-    progress: bool = True
-    strict: bool = False
-    train_size: int = 262144
-    nprobe: int = 32
-    recall_sample: int = 1000
+    encoder: str = opt("minilm", "minilm (offline default), e5, or any HF encoder path/id")
+    factory: str = opt("Flat", "FAISS factory string: Flat, HNSW64, IVF4096,PQ64 ...; wiki-18 on one GPU: "
+                               "IVF65536,PQ64 (with --train-size 2621440)")
+    batch_size: int = opt(256, "passages per encoder call")
+    max_length: int = opt(256, "tokens per passage")
+    pooling: Optional[str] = opt(None, "the encoder's pooling (default: the encoder's own)", choices=["mean", "cls"])
+    device: Optional[str] = opt(None, "encoder device (default: cuda if available)")
+    limit: Optional[int] = opt(None, "index only the first N passages")
+    progress: bool = True  # progress bars (no flag: the command always shows them)
+    strict: bool = opt(False, "duplicate passage ids are an error (default: a warning)")
+    train_size: int = opt(262144, "vectors sampled to train an IVF/PQ index (faiss wants >= 39 per IVF list)")
+    nprobe: int = opt(32, "IVF lists searched per query (stored in the index)")
+    recall_sample: int = opt(1000, "after an approximate build, recall@1/@10 vs exact search over this many "
+                                   "stored vectors (printed, in manifest.json); 0 = skip")
 
 
 def write_json(path: Path, obj: dict) -> None:

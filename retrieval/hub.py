@@ -5,7 +5,7 @@
 What ``scripts/download_wiki18.sh`` calls for each asset (the corpus, Search-R1's e5 flat index, its
 HNSW64 and BM25 indexes); the script checks sizes and line counts around it. Files matching PATTERN
 land under DEST with the repository's own folders (``bm25/*`` lands in ``DEST/bm25``). A failed
-download exits 1 naming the repository; ``HF_HUB_OFFLINE=1`` makes it fail at once.
+download exits 2 naming the repository (``docs/errors.md``); ``HF_HUB_OFFLINE=1`` makes it fail at once.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 from typing import Optional
+
+from retrieval.errors import UserError, exit_on_error
 
 
 def download(repo: str, pattern: str, dest: str) -> str:
@@ -22,6 +24,7 @@ def download(repo: str, pattern: str, dest: str) -> str:
     return snapshot_download(repo_id=repo, repo_type="dataset", allow_patterns=[pattern], local_dir=dest)
 
 
+@exit_on_error
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m retrieval.hub", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,9 +35,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         download(args.repo, args.pattern, args.dest)
     except Exception as e:  # the hub's errors are many (offline, 404, auth, disk): one line naming the asset
-        print(f"error: downloading {args.pattern} of {args.repo} into {args.dest} failed: "
-              f"{type(e).__name__}: {str(e)[:400]}", file=sys.stderr)
-        return 1
+        raise UserError(f"downloading {args.pattern} of {args.repo} into {args.dest} failed: "
+                        f"{type(e).__name__}: {str(e)[:400]}") from None
     return 0
 
 

@@ -20,21 +20,29 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Optional
 
+from retrieval.errors import UserError, exit_on_error
 from retrieval.settings import LoadConfig, ServeConfig, ServerConfig, add_flags, from_args
 
+Configs = tuple[LoadConfig, ServerConfig, ServeConfig]
 
-def parser() -> argparse.ArgumentParser:
+
+def parser(overrides: Optional[dict] = None) -> argparse.ArgumentParser:
+    """The flags of the three settings classes. ``overrides``: class -> {field: value} replacing the
+    command line's defaults (the presets of ``python -m retrieval.launch``; the user's flags still win)."""
     ap = argparse.ArgumentParser(prog="python -m retrieval.server", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_flags(ap, LoadConfig, "what is served")
-    add_flags(ap, ServerConfig, "requests, batching and cache")
-    add_flags(ap, ServeConfig, "where it is served")
+    overrides = overrides or {}
+    add_flags(ap, LoadConfig, "what is served", overrides.get(LoadConfig))
+    add_flags(ap, ServerConfig, "requests, batching and cache", overrides.get(ServerConfig))
+    add_flags(ap, ServeConfig, "where it is served", overrides.get(ServeConfig))
     return ap
 
 
-def parse(argv=None) -> tuple[LoadConfig, ServerConfig, ServeConfig]:
-    ap = parser()
+def parse(argv=None, overrides: Optional[dict] = None) -> Configs:
+    """The settings ``argv`` describes, each checked (a problem exits 2 naming its flag)."""
+    ap = parser(overrides)
     args = ap.parse_args(argv)
     configs = tuple(from_args(cls, args) for cls in (LoadConfig, ServerConfig, ServeConfig))
     problems = [p for c in configs for p in c.problems()]
@@ -50,12 +58,15 @@ def parse(argv=None) -> tuple[LoadConfig, ServerConfig, ServeConfig]:
 GOMP_SPINCOUNT = "30000"
 
 
-def main(argv=None) -> None:
+def serve(load: LoadConfig, server_cfg: ServerConfig, serve_cfg: ServeConfig) -> None:
+    """Load what ``load`` names on the batching thread and serve it until SIGTERM/SIGINT. A load that fails
+    for a reason the user can fix (a missing file, a GPU torch cannot use, ...) raises :class:`UserError`."""
     import os
 
     os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)  # before torch is imported (on the batching thread)
-    load, server_cfg, serve_cfg = parse(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not logging.getLogger().handlers:  # the lifecycle (serving on, draining, stopped) is logged at INFO
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("retrieval").setLevel(logging.INFO)
     from retrieval.app import create_app
     from retrieval.index import LOAD_ERRORS, load_configured
     from retrieval.serving import Server
@@ -63,10 +74,16 @@ def main(argv=None) -> None:
     try:  # loaded by the thread that searches: no other thread of this process runs torch
         app = create_app(config=server_cfg, load=lambda: load_configured(load))
     except LOAD_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        raise UserError(str(e)) from None
     Server(app, serve_cfg).run_until_signal()
 
 
+@exit_on_error
+def main(argv=None) -> int:
+    """Exit status: 0 stopped by a signal, 2 bad flags or what they name cannot be served."""
+    serve(*parse(argv))
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,6 +14,7 @@ the only one that reads waitress's internals (its channel map and task dispatche
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from typing import Optional
@@ -30,7 +31,16 @@ def default_threads(max_batch: int) -> int:
     return max(64, max_batch + 32)
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the OS's pick): for a server started next, in tests and benchmarks."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def raise_open_files(want: int) -> None:
+    """Raise this process's open-files limit to ``want`` (at most the hard limit); a warning says when it
+    cannot, since the server then refuses connections below ``--connection-limit``."""
     try:
         import resource
 
@@ -38,8 +48,12 @@ def raise_open_files(want: int) -> None:
         target = want if hard == resource.RLIM_INFINITY else min(want, hard)
         if soft != resource.RLIM_INFINITY and soft < target:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ImportError, ValueError, OSError):
-        pass
+    except ImportError:  # no resource module (Windows): no limit to raise here
+        return
+    except (ValueError, OSError) as e:
+        log.warning("could not raise the open-files limit to %d (%s: %s); connections beyond the current limit "
+                    "will be refused: raise it with ulimit -n, or lower --connection-limit", want,
+                    type(e).__name__, e)
 
 
 class Server:
@@ -67,7 +81,7 @@ class Server:
         self.host, self.threads = cfg.host, threads
         self.port = int(self.waitress.effective_port)
         self.url = f"http://{'127.0.0.1' if cfg.host in ('0.0.0.0', '') else cfg.host}:{self.port}"
-        (log.info if quiet else log.warning)("serving on http://%s:%d (threads=%d, connection_limit=%d)",
+        (log.debug if quiet else log.info)("serving on http://%s:%d (threads=%d, connection_limit=%d)",
                                              cfg.host, self.port, threads, cfg.connection_limit)
         self._thread: Optional[threading.Thread] = None
         self._draining = self._drained = False
@@ -101,7 +115,7 @@ class Server:
         finally:
             self.waitress.task_dispatcher.shutdown(timeout=5)
             self.state.close()
-        log.warning("stopped")
+        log.info("stopped")
 
     def _on_signal(self, drain_timeout: float) -> None:
         if self._drained:
@@ -109,7 +123,7 @@ class Server:
         if self._draining:
             return
         self._draining = True
-        log.warning("signal: no new connections; draining %d in-flight requests", self.state.in_flight)
+        log.info("signal: no new connections; draining %d in-flight requests", self.state.in_flight)
         self.waitress.accepting = False
         self.waitress.del_channel()  # out of the loop's map: no more accepts
         threading.Thread(target=self._drain, args=(drain_timeout,), name="retrieval-drain", daemon=True).start()

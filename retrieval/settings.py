@@ -3,31 +3,32 @@
 - :class:`ServerConfig`: what the app and the batching engine do with a request (limits, batching,
   deadline, cache);
 - :class:`LoadConfig`: what is served (index, corpus, encoder, GPUs, reranker);
-- :class:`ServeConfig`: where and how it is served (address, request threads, connections).
+- :class:`ServeConfig`: where and how it is served (address, request threads, connections);
+- :class:`BuildSettings`: what ``python -m retrieval.build`` builds, and how.
 
-``python -m retrieval.server``'s flags are derived from these fields (:func:`add_flags`,
-:func:`from_args`): a field added here is a flag there, with its help, and a flag cannot exist without
-its field. Each class checks its own values (``problems()``), with messages that name the flag.
+The commands' flags are derived from these fields (:mod:`retrieval.flags`: :func:`add_flags`,
+:func:`from_args`, and :func:`to_argv` back): a field added here is a flag there, with its help, and a
+flag cannot exist without its field. Each class checks its own values (``problems()``), with messages
+that name the flag. A command that starts another passes the object (``launch`` calls the server with
+its three objects) or the flags :func:`to_argv` derives from it (``launch`` runs the build).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from retrieval.client import MAX_QUERY_CHARS  # the server's default limit (the agent loop caps queries to it)
+from retrieval.flags import MIB, add_flags, flag_of, from_args, opt, shown, to_argv  # noqa: F401  (re-exported)
+from retrieval.folder import BuildOptions
 
-MIB = 1 << 20
 
+def kind_names() -> list[str]:
+    """The registered index kinds (the ``--kind`` choices)."""
+    from retrieval.kinds import KINDS
 
-def opt(default, help: str, *, flag: Optional[str] = None, unit: int = 1, cli_default=None, choices=None):
-    """A field with its flag: ``flag`` (default ``--field-name``), ``unit`` (the flag counts in units of this
-    many: MiB for byte fields), ``cli_default`` (the command line's default, in flag units, where it differs
-    from the library's)."""
-    return field(default=default, metadata=dict(help=help, flag=flag, unit=unit, cli_default=cli_default,
-                                                 choices=choices))
+    return sorted(KINDS)
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class LoadConfig:
     corpus: Optional[str] = opt(None, "corpus jsonl (needed without a manifest)")
     encoder: Optional[str] = opt(None, "encoder for a bare .index file (e.g. intfloat/e5-base-v2)")
     kind: Optional[str] = opt(None, "the index kind of a folder without a manifest (default: from the manifest, or "
-                                    "lucene for a folder, dense for a file)", choices="kinds")
+                                    "lucene for a folder, dense for a file)", choices=kind_names)
     mmap: bool = opt(False, "memory-map an on-disk flat index")
     gpu: bool = opt(False, "search on all GPUs: a flat index exactly in torch (fp16 shards; capability checked), "
                            "an IVF index with faiss-gpu (the gpu extra)")
@@ -118,51 +119,24 @@ class ServeConfig:
         return out
 
 
-def flag_of(cls, name: str) -> str:
-    f = {x.name: x for x in dataclasses.fields(cls)}[name]
-    return f.metadata.get("flag") or "--" + name.replace("_", "-")
+@dataclass(frozen=True)
+class BuildSettings(BuildOptions):
+    """What ``python -m retrieval.build`` builds (``corpus``, ``out``, ``kind``) and how (the
+    :class:`~retrieval.folder.BuildOptions` it is, which the kind's builder reads)."""
 
+    corpus: str = opt("", "wiki-18-format jsonl (required)")
+    out: str = opt("", "index directory to write (required)")
+    kind: str = opt("dense", "dense: FAISS over encoder vectors (Flat, HNSW, IVF, IVF-PQ: --factory); bm25: "
+                                "bm25s; lucene: pyserini's Lucene (the lucene extra)", choices=kind_names)
 
-def shown(cls, name: str, obj) -> str:
-    """A field's value in its flag's units."""
-    f = {x.name: x for x in dataclasses.fields(cls)}[name]
-    v = getattr(obj, name)
-    return f"{v / f.metadata['unit']:g}" if f.metadata.get("unit", 1) != 1 else str(v)
-
-
-def _type_of(f) -> type:
-    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    return {"int": int, "float": float, "str": str, "bool": bool, "Optional[int]": int,
-            "Optional[str]": str}[t]
-
-
-def add_flags(parser: argparse.ArgumentParser, cls, title: str) -> None:
-    """One flag per field of ``cls``, in a group named ``title``."""
-    from retrieval.kinds import KINDS
-
-    group = parser.add_argument_group(title)
-    for f in dataclasses.fields(cls):
-        md = f.metadata
-        flag, unit = flag_of(cls, f.name), md.get("unit", 1)
-        default = md["cli_default"] if md.get("cli_default") is not None else \
-            (f.default // unit if unit != 1 else f.default)
-        kw = dict(dest=f"{cls.__name__}.{f.name}", help=md["help"] + (f" (default: {default})"
-                                                                       if default not in (None, "", False) else ""))
-        typ = _type_of(f)
-        if typ is bool:
-            group.add_argument(flag, action="store_true", **kw)
-            continue
-        choices = sorted(KINDS) if md.get("choices") == "kinds" else md.get("choices")
-        group.add_argument(flag, type=typ, default=default, choices=choices, metavar=None if choices else
-                           flag.lstrip("-").upper().replace("-", "_"),
-                           required=(f.name == "index" and cls is LoadConfig), **kw)
-
-
-def from_args(cls, args: argparse.Namespace):
-    """The ``cls`` the parsed flags describe (flag units turned back into the field's)."""
-    values = {}
-    for f in dataclasses.fields(cls):
-        v = getattr(args, f"{cls.__name__}.{f.name}")
-        unit = f.metadata.get("unit", 1)
-        values[f.name] = v * unit if unit != 1 and v is not None else v
-    return cls(**values)
+    def problems(self) -> list[str]:
+        out = []
+        if not self.corpus or not self.out:
+            out.append("--corpus and --out are required")
+        elif not Path(self.corpus).is_file():
+            out.append(f"--corpus: file not found: {self.corpus}")
+        if self.batch_size < 1:
+            out.append("--batch-size must be >= 1")
+        if self.train_size < 1 or self.nprobe < 1 or self.recall_sample < 0:
+            out.append("--train-size and --nprobe must be >= 1, --recall-sample >= 0")
+        return out

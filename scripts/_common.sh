@@ -16,6 +16,7 @@ RETRIEVER_URL=${RETRIEVER_URL:-http://127.0.0.1:8000/retrieve}
 # wandb: without an account (no WANDB_API_KEY, no `wandb login`) train.main logs offline and says so.
 
 check_retriever() {  # fail early, with the fix, when the retriever is not up
+  # (which corpus it serves is train.main's check before Ray: search_r1.expect_corpus, train/trainer/corpus_check.py)
   local base=${RETRIEVER_URL%/retrieve}
   if ! "$PY" -m retrieval.client "$base"; then
     echo "error: no retrieval server answers at $base/health." >&2

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 import time
@@ -227,9 +226,10 @@ def refuses(main, argv, capsys, pattern: str, code: int | None = None) -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """:func:`retrieval.serving.free_port` (imported when called: Flask loads with it)."""
+    from retrieval.serving import free_port as product_free_port
+
+    return product_free_port()
 
 
 class LiveServer:

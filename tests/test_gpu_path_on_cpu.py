@@ -103,7 +103,7 @@ def test_exactly_one_faiss_per_install_path():
     assert "-e .[gpu,lucene,dev]" in env  # GPU: faiss-gpu
     make = (ROOT / "Makefile").read_text()
     assert "'.[cpu,dev,lucene]'" in make and "gpu" not in make.split("'.[cpu,dev,lucene]'")[0].splitlines()[-1]
-    vllm_env = "\n".join(line for line in (ROOT / "ci" / "install_vllm_env.sh").read_text().splitlines()
+    vllm_env = "\n".join(line for line in (ROOT / ".ci" / "install_vllm_env.sh").read_text().splitlines()
                          if not line.lstrip().startswith("#"))  # CPU tests: faiss-cpu by name, then the project
     assert " faiss-cpu " in vllm_env and "faiss-gpu" not in vllm_env and "--no-deps -e ." in vllm_env
 
@@ -123,7 +123,7 @@ def test_gpu_install_check_logic():
     assert any("flash-attn" in p for p in check(good, {"flash_attention_2"}))
     assert any("torch" in p for p in check({**good, "torch": "2.13.0"}, {"sdpa"}))
     assert any("transformers" in p for p in check({**good, "transformers": "5.19.0"}, {"sdpa"}))
-    # GPU code: faiss-gpu-cu12 1.14.1.post1's libfaiss had sm_70 and sm_80 only; torch 2.11.0's sm_75-sm_120
+    # GPU code: faiss-gpu-cu12 1.14.1.post1's libfaiss had sm_70 and sm_80 only; torch 2.11.0's sm_75-sm_121
     assert check_archs({"sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"}) == []
     problem = check_archs({"sm_70", "sm_80"})
     assert len(problem) == 1 and "sm_90" in problem[0] and "sm_70 sm_80" in problem[0]
@@ -377,15 +377,15 @@ def test_bm25_lands_where_lucene_serves_it(tmp_path):
     from retrieval.launch import plan
 
     (dest / "wiki-18.jsonl").write_text("")
-    _, _, build_first, server_argv = plan(["lucene", "--wiki18", str(dest)])
-    assert build_first is None and " ".join(server_argv).startswith(
-        f"--kind lucene --index {dest / 'bm25'} --corpus {dest / 'wiki-18.jsonl'}"), server_argv
+    p = plan(["lucene", "--wiki18", str(dest)])
+    assert p.build is None and (p.load.kind, p.load.index, p.load.corpus) == (
+        "lucene", str(dest / "bm25"), str(dest / "wiki-18.jsonl")), p.load
     # the default list is corpus,e5: no BM25 download for e5 users
     assert 'WHAT=${2:-corpus,e5}' in (ROOT / "scripts/download_wiki18.sh").read_text()
     r = subprocess.run(["bash", "retrieval_launch.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHON": sys.executable, "RETRIEVER": "lucene",
                             "WIKI18": str(tmp_path / "empty")})
-    assert r.returncode == 1 and "download_wiki18.sh" in r.stderr and "corpus,bm25" in r.stderr
+    assert r.returncode == 2 and "download_wiki18.sh" in r.stderr and "corpus,bm25" in r.stderr
 
 
 # 9. driver preflight ---------------------------------------------------------------------------------
@@ -459,18 +459,18 @@ def test_validation_sample_is_stratified_and_used_by_presets(tmp_path, qa_path, 
 # 12. checkpoint retention ----------------------------------------------------------------------------
 
 def test_checkpoint_pruning_keeps_recent_and_evaluated_steps(tmp_path, tiny_model_dir):
-    from train.trainer import checkpoint_store as checkpoints
+    from train.trainer import checkpoint_store
 
     for s in (50, 100, 150, 200, 250, 300):
         (tmp_path / f"global_step_{s}" / "actor").mkdir(parents=True)
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("300")
-    assert checkpoints.prune(str(tmp_path), 2, keep_steps=[100]) == [50, 150, 200]
-    assert checkpoints.saved_steps(str(tmp_path)) == [100, 250, 300]
-    assert checkpoints.prune(str(tmp_path), 0) == []
+    assert checkpoint_store.prune(str(tmp_path), 2, keep_steps=[100]) == [50, 150, 200]
+    assert checkpoint_store.saved_steps(str(tmp_path)) == [100, 250, 300]
+    assert checkpoint_store.prune(str(tmp_path), 0) == []
     cfg = load("grpo_llds", tiny_model_dir)
-    assert checkpoints.check_config(cfg.checkpoints) == (3, [])
+    assert checkpoint_store.check_config(cfg.checkpoints) == (3, [])
     with pytest.raises(ValueError, match="keep_steps"):
-        checkpoints.check_config({"keep_steps": ["x"]})
+        checkpoint_store.check_config({"keep_steps": ["x"]})
     with pytest.raises(ValueError, match="unknown checkpoints"):
         check_config(load("grpo_llds", tiny_model_dir, ["+checkpoints.keep=1"]))
     assert "checkpoints.keep_steps=[$STEP]" in (ROOT / "scripts/reproduce_paper.sh").read_text()
@@ -481,6 +481,7 @@ def test_checkpoint_pruning_keeps_recent_and_evaluated_steps(tmp_path, tiny_mode
 def test_evaluator_keeps_many_questions_in_flight_and_builds_loops_lazily(tmp_path, tiny_tokenizer, monkeypatch):
     from train.evaluation import runner as eval_runner
     from train.inference.asker import Asker
+    from train.inference.settings import AskSettings
     from train.search_r1 import agent_loop
 
     state = {"in_flight": 0, "peak": 0, "loops": 0}
@@ -504,7 +505,7 @@ def test_evaluator_keeps_many_questions_in_flight_and_builds_loops_lazily(tmp_pa
 
     state["done"] = 0
     monkeypatch.setattr(agent_loop, "standalone_loop", counting)
-    asker = Asker(Slow(), tiny_tokenizer, FakeSearch(), concurrency=40)
+    asker = Asker(Slow(), tiny_tokenizer, FakeSearch(), AskSettings(model=None, concurrency=40))
     rows = [{"uid": f"u{i}", "data_source": "nq", "question": f"question {i}?", "golds": ["x"]} for i in range(120)]
     orig_ask = asker.ask
 
@@ -517,7 +518,7 @@ def test_evaluator_keeps_many_questions_in_flight_and_builds_loops_lazily(tmp_pa
     results = asyncio.run(eval_runner.evaluate(rows, asker, tmp_path / "out.jsonl"))
     assert len(results) == 120 and all(r["em"] == 1.0 for r in results)
     assert state["peak"] == 40
-    assert Asker(Slow(), tiny_tokenizer, FakeSearch()).concurrency == 256
+    assert Asker(Slow(), tiny_tokenizer, FakeSearch()).concurrency == 256  # AskSettings' default
 
 
 # 15. retriever batch ceiling -------------------------------------------------------------------------

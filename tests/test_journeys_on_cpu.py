@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from train.trainer import checkpoint_store as checkpoints
+from train.trainer import checkpoint_store
 
 pytestmark = pytest.mark.slow  # make test-fast leaves these out
 
@@ -160,7 +160,7 @@ def test_every_train_launcher_runs_a_step(journey, launcher, preset):
     assert "val-core/nq/reward/mean@1" in steps[0]  # the preset's validation before training
     if preset != "grpo":
         assert steps[1]["actor/llds/lambda"] > 0
-    assert checkpoints.problems(str(ckpt / "global_step_1")) == []  # the last step is saved, complete
+    assert checkpoint_store.problems(str(ckpt / "global_step_1")) == []  # the last step is saved, complete
     assert (ckpt / "metrics.jsonl").is_file()  # the presets' metrics file, beside the checkpoints
 
 

@@ -18,19 +18,22 @@ TRAIN = ROOT / "train"
 
 #: The import order: a module may import its own package and anything of a lower level, never higher.
 LEVELS = {"errors": 0, "files": 0, "models": 0, "search_r1": 1, "llds": 1, "workers": 2, "cpu": 3, "inference": 3,
-          "plugin": 4, "sft": 4, "trainer": 5, "evaluation": 6, "toy": 6}
+          "plugin": 4, "sft": 4, "trainer": 5, "evaluation": 6, "toy": 6,
+          "gpucheck": 6}
 COMMAND_LEVEL = 7
 #: Files directly in train/ that are not commands.
 NOT_COMMANDS = {"__init__", "plugin", "errors", "files"}
 #: Commands users run that must not pay for verl, torch, Ray, transformers or Flask (their --help
 #: and light work start in well under a second).
 LIGHT_COMMANDS = ["data_prep", "geometry", "checkpoints", "rehearsal", "settings", "paper_runs", "plot",
-                  "evaluate", "tiny", "learnable", "demo", "cluster_check", "infer", "get_model", "warm_start"]
+                  "evaluate", "tiny", "learnable", "demo", "cluster_check", "infer", "get_model", "warm_start",
+                  "gpu_check"]
 HEAVY = ("verl", "torch", "ray", "transformers", "flask")
 MAX_LINES = 380
 #: __init__.py files that hold code, and why (every other one is a docstring, a map of its package).
 INIT_WITH_CODE = {"train.cpu": "register() and enabled(): what verl's plugin entry point calls",
-                  "train": "the paths (CONFIG_DIR, DATA_DIR, REPO_ROOT), without an import"}
+                  "train": "the paths (CONFIG_DIR, DATA_DIR, REPO_ROOT) and the plugins variable's name, "
+                           "without an import"}
 
 
 def module_name(path: Path) -> str:
@@ -172,10 +175,12 @@ def test_an_old_module_path_in_a_config_names_where_it_moved():
 RETRIEVAL = ROOT / "retrieval"
 #: The import order of retrieval/ (a module imports only lower levels); commands sit above them all.
 RETRIEVAL_LEVELS = {
+    "errors": -1, "flags": -1,
     "client": 0, "corpus": 0, "cuda_arch": 0, "cache": 0, "encoder": 0,
-    "flat": 1, "folder": 1, "batching": 1,
+    "flat": 1, "folder": 1,
     "gpu_ivf": 2, "rerank": 2, "bm25": 2, "lucene": 2,
-    "dense": 3, "recall": 4, "dense_build": 5, "kinds": 6, "settings": 7, "index": 8, "app": 9, "serving": 10,
+    "dense": 3, "recall": 4, "dense_build": 5, "kinds": 6, "settings": 7, "index": 8, "batching": 8, "app": 9,
+    "serving": 10,
 }
 RETRIEVAL_COMMANDS = {"server", "build", "launch", "hub"}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from train.trainer import checkpoint_store as checkpoints
+from train.trainer import checkpoint_store
 
 pytestmark = pytest.mark.slow  # make test-fast leaves these out
 
@@ -122,7 +122,7 @@ def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, learn_task, c
         assert "actor_rollout_ref.rollout.agent.num_workers=2" in text  # an agent worker on each node
         assert "ray: joining the Ray cluster" in text and "step:1 " in text, text[-4000:]
         step1 = tmp_path / "ckpt" / "global_step_1"
-        assert checkpoints.problems(str(step1)) == []
+        assert checkpoint_store.problems(str(step1)) == []
         assert sorted(p.name for p in (step1 / "actor").glob("model_world_size_2_rank_*.pt")) == \
             ["model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
         per_node = {**submit, "RETRIEVER_URL": "http://{node_ip}:8000/retrieve"}
@@ -131,7 +131,7 @@ def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, learn_task, c
         rc, text = in_ns(head, per_node, "bash", "scripts/multinode.sh", "trainer.total_training_steps=2",
                          log=tmp_path / "submit_refused.log", check=False)
         assert rc != 0 and "error: the retriever replicas serve different indexes" in text, text[-4000:]
-        assert "step:" not in text and checkpoints.read_tracker(str(tmp_path / "ckpt")) == (1, None)
+        assert "step:" not in text and checkpoint_store.read_tracker(str(tmp_path / "ckpt")) == (1, None)
         stop(replica_pid)
         # the resumed run searches a retriever replica on each node: the head's (the one above, on its
         # address) and the worker's, over the same index; every rollout asks its own node's
@@ -148,8 +148,8 @@ def test_multinode_sh_trains_resumes_on_two_nodes(nodes, tmp_path, learn_task, c
         # each replica served its own node's rollouts, and only those
         assert set(on_head) == {HEAD_IP} and set(on_worker) == {WORKER_IP}, (on_head, on_worker)
         print(f"searches of the resumed step: head replica {on_head}, worker replica {on_worker}")
-        assert checkpoints.read_tracker(str(tmp_path / "ckpt")) == (2, None)
-        assert checkpoints.problems(str(tmp_path / "ckpt" / "global_step_2")) == []
+        assert checkpoint_store.read_tracker(str(tmp_path / "ckpt")) == (2, None)
+        assert checkpoint_store.problems(str(tmp_path / "ckpt" / "global_step_2")) == []
         # the metrics file is on the shared checkpoint folder (not the job's temporary working dir) and
         # the resumed job appended to it
         from train.trainer.metrics_file import read_metrics

@@ -230,6 +230,136 @@ def test_the_checks_catch_stale_words(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
+# pointers: "X is documented in / defined in / see <place>", "X (<path>)": the place holds X
+# --------------------------------------------------------------------------------------------------
+
+TARGET = (r"(README(?:\.md)?|CONTRIBUTING(?:\.md)?|(?:train|retrieval|scripts|bench|docs|configs|data)/"
+          r"(?:[\w-]+/)*[\w-]+\.(?:py|sh|md|yaml))(?:#([\w-]+))?")
+POINTER = re.compile(r"(?:\b(?:documented|described|explained|defined|listed|configured|implemented|lives?|kept|"
+                     r"defaults?|are|is)\s+in\s+(?:the\s+)?|\b[Ss]ee\s+(?:the\s+)?|\()" + TARGET + r"(?![\w/])")
+#: what a sentence names: `code`, ``code``, :role:`Name`, snake_case words and dotted keys
+IDENTIFIER = re.compile(r"`+:?([\w.:/-]+?):?`+|\b([a-z][a-z0-9]*(?:_[a-z0-9]+)+(?:\.[a-z_]\w*)*)\b")
+COMMENT = re.compile(r"^\s*(?:#+|//|\*|\"\"\"|''')?\s?")
+#: where a sentence (or clause) ends: a full stop, a semicolon, a table cell, an empty line, a bullet, a row of
+#: an aligned table
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(`*])|\s*[;|]\s*|\n\s*\n|\n(?=\s*[-*] |\s*[\w-]+ {2,})")
+FILE_NAME = re.compile(r"\.(?:py|sh|md|ya?ml|json|jsonl|txt|toml|parquet|index)$")
+
+
+@functools.lru_cache(maxsize=None)
+def target_text(target: str) -> str | None:
+    path = ROOT / (target + ".md" if target in ("README", "CONTRIBUTING") else target)
+    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
+
+
+def prose(path: Path) -> list[str]:
+    """Each line's prose: a comment's text, a docstring's or string block's line (Python); code gives ""."""
+    out, quote = [], None
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if path.suffix == ".md":
+            out.append(line)
+            continue
+        if path.suffix == ".py":
+            marks = re.findall(r'"""|\'\'\'', line)
+            if quote or marks:
+                text = line.strip().strip("\"'").removeprefix("r").strip("\"'") if marks else line.strip()
+                for mark in marks:
+                    quote = None if quote == mark else (quote or mark)
+                out.append(text)
+                continue
+        m = re.search(r"(?:^|\s)#+\s?(.*)$", line)
+        out.append(m.group(1) if m else "")
+    return out
+
+
+def named_things(sentence: str, targets: set[str]) -> set[str]:
+    """The identifiers a sentence names, but not paths, file names, flags, placeholders (global_step_N)."""
+    out = set()
+    for m in IDENTIFIER.finditer(sentence):
+        name = (m.group(1) or m.group(2) or "").strip(".:/")
+        if m.group(1) and ":" in m.group(1):  # :class:`train.x.Name` -> Name
+            name = name.split(":")[-1].split(".")[-1]
+        if len(name) < 3 or "/" in name or name.startswith("-") or FILE_NAME.search(name) or name in targets \
+                or PLACEHOLDER.search(name) or name.isdigit():
+            continue
+        out.add(name)
+    return out
+
+
+def pointer_problems(files: list[Path]) -> list[str]:
+    """A pointer to a place must find there what its sentence names (one of the identifiers it names, or
+    this file: a place that names it back), and a ``path.md#anchor`` must be a heading of that file. Only
+    prose is read (comments, docstrings); a sentence runs over up to three lines."""
+    from tests.test_docs_on_cpu import anchors
+
+    bad = []
+    for f in files:
+        lines = prose(f)
+        for i, line in enumerate(lines):
+            if not line:
+                continue
+            before = lines[i - 1] if i else ""
+            window = before + "\n" + line + "\n" + (lines[i + 1] if i + 1 < len(lines) else "")
+            start = len(before) + 1
+            for m in POINTER.finditer(window):
+                if not start <= m.start() <= start + len(line):
+                    continue  # reported on its own line
+                target, anchor = m.group(1), m.group(2)
+                text = target_text(target)
+                if text is None or THEIRS.search(window[:m.start()]):
+                    continue  # a path that does not exist: path_problems says so
+                if anchor and target.endswith(".md") and anchor not in anchors(ROOT / target):
+                    bad.append(f"{rel(f)}:{i + 1}: {target} has no heading #{anchor}")
+                cuts = [0, *(x for c in SENTENCE_END.finditer(window) for x in c.span()), len(window)]
+                offset, end = next((a, b) for a, b in zip(cuts[::2], cuts[1::2]) if a <= m.start() <= b)
+                sentence = window[offset:end]
+                # "X (path): what X does" names X and what follows; "X (path) does ...", "X is in path",
+                # "see path" name what comes before
+                at = m.start() - offset
+                if m.group(0).startswith("(") and not window[m.end():].lstrip(")").startswith(":"):
+                    sentence = sentence[:at]
+                elif not m.group(0).startswith("("):
+                    sentence = sentence[:at]
+                things = named_things(sentence, {target})
+                if things and not any(t in text for t in things) and f.name not in text:
+                    bad.append(f"{rel(f)}:{i + 1}: points at {target} for {', '.join(sorted(things))}, "
+                               f"which {target} does not mention")
+    return bad
+
+
+def test_every_pointer_finds_what_it_names():
+    """(The tests' docstrings describe loosely what they exercise: they are left out, as for paths.)"""
+    bad = pointer_problems(md_files() + [f for f in code_files() if not rel(f).startswith("tests/")])
+    assert not bad, "pointers to a place that does not hold what they name:\n" + "\n".join(bad)
+
+
+def test_the_pointer_check_catches_the_stale_pointers(tmp_path):
+    """The three lines that went stale (issue 47): two pointers to a place that no longer holds the thing,
+    one statement split over two lines; and their fixed forms pass."""
+    stale = tmp_path / "stale.py"
+    stale.write_text('"""Configured under ``lld_alarm:`` in the training config (defaults in :class:`AlarmConfig`, '
+                     'documented\nin the README). Pure Python.\n"""\n'
+                     "# Checkpoint retention (train/checkpoints.py): the newest keep_last global_step_N folders, plus\n"
+                     "# keep_steps (scripts/reproduce_paper.sh adds the step it evaluates). 0 or null keeps all.\n"
+                     "# the report (docs/training.md#no-such-section) says so\n")
+    bad = pointer_problems([stale])
+    assert len(bad) == 3, bad
+    assert "points at README for AlarmConfig, lld_alarm" in bad[0], bad
+    assert "points at train/checkpoints.py for keep_last, keep_steps" in bad[1], bad
+    assert "docs/training.md has no heading #no-such-section" in bad[2], bad
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text('"""Configured under ``lld_alarm:`` in the training config (defaults in :class:`AlarmConfig`, '
+                     'documented\nin docs/training.md#collapse-early-warning). Pure Python.\n"""\n'
+                     "# Checkpoint retention (train/trainer/checkpoint_store.py): the newest keep_last global_step_N "
+                     "folders, plus\n# keep_steps (scripts/reproduce_paper.sh adds the step it evaluates).\n")
+    assert pointer_problems([fixed]) == []
+    split = tmp_path / "split.py"
+    split.write_text('"""verl\'s FSDP engine for ``cpu``, and an ``hf`` rollout (transformers\ngenerate) behind '
+                     'it."""\n')
+    assert [line for line, _ in stale_statements([split])] == [1]
+
+
+# --------------------------------------------------------------------------------------------------
 # facts that went stale once, and the bundled data's counts
 # --------------------------------------------------------------------------------------------------
 
@@ -242,12 +372,22 @@ NO_LONGER_TRUE = [
 ]
 
 
+def stale_statements(files: list[Path]):
+    """``(line, truth)`` for each statement of :data:`NO_LONGER_TRUE`, also when it runs over two lines."""
+    for f in files:
+        text = f.read_text(encoding="utf-8", errors="replace")
+        lines = [COMMENT.sub("", line, count=1) for line in text.splitlines()]
+        for i, line in enumerate(lines):
+            joined = line + " " + (lines[i + 1] if i + 1 < len(lines) else "")
+            for pattern, truth in NO_LONGER_TRUE:
+                m = re.search(pattern, joined, flags=re.IGNORECASE)
+                if m and m.start() <= len(line):  # one that starts on the next line is reported there
+                    yield i + 1, f"{rel(f)}:{i + 1}: {line.strip()[:100]}\n    -> {truth}"
+
+
 def test_no_statement_that_is_no_longer_true():
-    bad = []
-    for f, i, line in lines_of(md_files() + code_files()):
-        for pattern, truth in NO_LONGER_TRUE:
-            if re.search(pattern, line, flags=re.IGNORECASE) and f.name != "test_references_on_cpu.py":
-                bad.append(f"{rel(f)}:{i}: {line.strip()[:100]}\n    -> {truth}")
+    bad = [msg for msg in (m for _, m in stale_statements([f for f in md_files() + code_files()
+                                                           if f.name != "test_references_on_cpu.py"]))]
     assert not bad, "\n".join(bad)
 
 

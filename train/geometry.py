@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from train.errors import ConfigError, exit_on_error
 from train.trainer.batch_geometry import AGENT_WORKERS, ten_update_geometry
 
 
+@exit_on_error
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m train.geometry", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,8 +36,7 @@ def main(argv=None) -> int:
     try:
         train, mini = ten_update_geometry(args.ranks, args.n, args.updates, workers=args.agent_workers)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise ConfigError(str(e)) from None
     print(f"data.train_batch_size={train} actor_rollout_ref.actor.ppo_mini_batch_size={mini}")
     return 0
 

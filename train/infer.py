@@ -3,7 +3,9 @@
 The same command is ``python infer.py`` in a checkout and ``search-r1-infer`` once installed:
 
     python infer.py "Who illustrated American Splendor?"
-    python infer.py --model runs/demo/ckpt --index runs/index/minilm "Who wrote Hamlet?"
+    python infer.py --model smollm2-135m-instruct --index runs/index/minilm "Who wrote Hamlet?"
+    python infer.py --model runs/demo/hf --index runs/demo/task/bm25 --device cpu \
+        "$(python -m train.demo question runs/demo/eval_after.jsonl)"    # the model `make demo` trained
     python infer.py --file questions.jsonl --out answers.jsonl        # FlashRAG jsonl in, jsonl out
 
 With --file, each answer is appended to --out as it finishes; the same command run again after an
@@ -28,10 +30,10 @@ COLOURS = {"think": "\033[2m", "search": "\033[1;36m", "answer": "\033[1;32m", "
 
 
 def render(result, colour: bool) -> str:
-    from train.search_r1 import protocol
+    from train.search_r1 import prompts, protocol
 
     c = COLOURS if colour else {k: "" for k in COLOURS}
-    lines = [f"{c['search']}Question:{c['reset']} {protocol.normalize_question(result.question)}"]
+    lines = [f"{c['search']}Question:{c['reset']} {prompts.normalize_question(result.question)}"]
     turn = 0
     for kind, text in result.segments:
         if kind == "model":
@@ -65,7 +67,7 @@ def read_questions(path: str) -> list[dict]:
 
 def build_parser() -> argparse.ArgumentParser:
     from train.inference.settings import DEFAULT_MODEL, add_flags
-    from train.search_r1 import protocol
+    from train.search_r1 import prompts
 
     ap = argparse.ArgumentParser(prog="infer.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default=DEFAULT_MODEL,
                     help=f"a model folder, a hub id or a name of `python -m train.get_model --list` "
                          f"(default {DEFAULT_MODEL})")
-    ap.add_argument("--method", choices=list(protocol.METHODS), default="search_r1",
+    ap.add_argument("--method", choices=list(prompts.METHODS), default="search_r1",
                     help="search_r1 (the agent; default) or a baseline of the paper's table: direct, cot, rag")
     add_flags(ap, concurrency_help="with --file: questions in flight (default %(default)s)")
     return ap

@@ -17,6 +17,7 @@ import shlex
 import sys
 from typing import Optional
 
+from train.errors import ConfigError, exit_on_error
 from train.evaluation.report import PAPER_RESULTS
 
 #: Hub name -> (row prefix in paper_results.json, evaluated step for the LLDS runs, lambda)
@@ -56,6 +57,7 @@ def lookup(model: str, preset: str) -> dict:
     return {"row": row, "step": step if is_llds else None, "lambda": lam if is_llds else None}
 
 
+@exit_on_error
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m train.paper_runs", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,8 +67,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         run = lookup(args.model, args.preset)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise ConfigError(str(e)) from None
     out = {"PAPER_ROW": run["row"], "PAPER_STEP": run["step"] or "", "PAPER_LAMBDA": run["lambda"] or ""}
     print(" ".join(f"{k}={shlex.quote(str(v))}" for k, v in out.items()))
     return 0

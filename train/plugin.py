@@ -19,12 +19,10 @@ import importlib.util
 import os
 import sys
 
-from train import cpu
+from train import PLUGINS_ENV, cpu
 from train.cpu import hf_rollout as _hf_rollout
 from train.search_r1 import agent_loop
 from train.workers import logprobs
-
-PLUGINS_ENV = "SEARCH_R1_PLUGINS"
 
 
 def import_user_plugins(spec: str | None = None) -> list[str]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from train.errors import ConfigError, exit_on_error
+
 #: every key the rehearsal may change, and why (prefix match on the dotted key). The FSDP strategy is not
 #: one: the presets use FSDP2 on every platform (configs/_base.yaml), so CI's rehearsal runs theirs.
 CHANGES = {
@@ -37,6 +39,7 @@ CHANGES = {
     "data.max_response_length": "512 tokens: a tiny model",
     "search_r1.max_turn_tokens": "32 tokens per generation: a tiny model",
     "search_r1.max_obs_tokens": "96 observation tokens: a tiny model",
+    "search_r1.expect_corpus": "any: the rehearsal searches the bundled sample (or a test's corpus), not wiki-18",
     "reward.num_workers": "1 reward worker (2 cores)",
     "trainer.n_gpus_per_node": "2 ranks (gloo workers), the smallest multi-rank shape",
     "trainer.nnodes": "1 node",
@@ -96,6 +99,7 @@ def overrides(preset: str, ranks: int = 2, nodes: int = 1) -> list[str]:
     return [f"data.train_batch_size={train}", f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}", *workers]
 
 
+@exit_on_error
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m train.rehearsal", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -106,8 +110,7 @@ def main(argv=None) -> int:
     try:
         print(" ".join(["+rehearsal=cpu", *overrides(args.preset, args.ranks, args.nodes)]))
     except Exception as e:  # an unknown preset, a preset that does not divide
-        print(f"error: rehearsal of {args.preset!r}: {e}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"rehearsal of {args.preset!r}: {e}") from None
     return 0
 
 

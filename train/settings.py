@@ -152,7 +152,7 @@ def value(cfg, key: str) -> Any:
                 return None
             attr = {"lambda": "lam"}.get(key.split(".", 1)[1], key.split(".", 1)[1])
         else:
-            parsed, attr = SearchConfig.from_config(raw), key.split(".", 1)[1]
+            parsed, attr = SearchConfig.of(cfg), key.split(".", 1)[1]
         return getattr(parsed, attr)
     v = OmegaConf.select(cfg, key, default=None)
     return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v

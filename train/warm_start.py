@@ -10,6 +10,10 @@ format: for each training question, one search with the question through the rea
 answer appears in those passages. Loss on the model's turns only. ``--data`` must be a training split
 (every row's ``extra_info.split`` is ``train``): no test question is ever trained on.
 Writes the model folder plus ``warm_start.json`` (the settings, counts and losses).
+
+Runs on the GPU when torch sees one (fp32 weights and optimizer, bf16 autocast; a 3B model's fp32 weights,
+gradients and AdamW state take about 48 GB), else on the CPU in fp32, which suits models of a few hundred
+million parameters (SmolLM2-135M); ``--device`` chooses.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--obs-tokens", type=int, default=256, help="observation cut, in tokens (default %(default)s)")
     ap.add_argument("--max-tokens", type=int, default=768, help="trajectory cut, in tokens (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="auto",
+                    help="cpu, cuda or cuda:N (default auto: the GPU when torch sees one, else the CPU)")
     args = ap.parse_args(argv)
     for name in ("steps", "batch", "topk", "obs_tokens", "max_tokens"):
         if getattr(args, name) < 1:
@@ -68,8 +74,10 @@ def main(argv=None) -> int:
         raise UserError(f"--model {args.model}: no such folder")
     rows = read_train_rows(args.data)
     from retrieval.index import load_retriever
-    from train.sft.supervised import sft_protocol
+    from train.sft.supervised import pick_device, sft_protocol
     from train.sft.trajectories import retrieved_trajectories
+
+    device = pick_device(args.device)
 
     try:
         retriever = load_retriever(args.index, args.corpus)
@@ -89,12 +97,13 @@ def main(argv=None) -> int:
         return out
 
     stats = sft_protocol(model, trajectories, steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
-                         max_tokens=args.max_tokens, out_dir=args.out, log=lambda m: print(m, flush=True))
+                         max_tokens=args.max_tokens, out_dir=args.out, log=lambda m: print(m, flush=True),
+                         device=device)
     record = {"model": args.model, "data": args.data, "index": args.index, "topk": args.topk,
-              "obs_tokens": args.obs_tokens, "seed": args.seed, **counts, **stats}
+              "obs_tokens": args.obs_tokens, "seed": args.seed, "device": device, **counts, **stats}
     (Path(args.out) / "warm_start.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"warm start: loss {stats['first_loss']:.3f} -> {stats['last_loss']:.3f} over {args.steps} steps "
-          f"({stats['epochs']} epochs, {stats['seconds']:.0f} s); model in {args.out}")
+          f"({stats['epochs']} epochs, {stats['seconds']:.0f} s on {device}); model in {args.out}")
     return 0
 
 

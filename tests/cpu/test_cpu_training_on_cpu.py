@@ -82,13 +82,13 @@ def test_saves_are_complete_and_metrics_one_continuous_curve(trained):
     """Each save has its manifest; the resumed run repaired the empty tracker and appended to the
     run's metrics file instead of truncating it (verl's "wb"), so the plot shows steps 1-3."""
     from train.plot import main as plot
-    from train.trainer import checkpoint_store as checkpoints
+    from train.trainer import checkpoint_store
     from train.trainer.metrics_file import read_metrics
 
     ckpt = trained / "ckpt"
     for step in (2, 3):
         assert (ckpt / f"global_step_{step}" / "manifest.json").is_file()
-        assert checkpoints.problems(str(ckpt / f"global_step_{step}")) == []
+        assert checkpoint_store.problems(str(ckpt / f"global_step_{step}")) == []
     assert "latest_checkpointed_iteration.txt set to 2" in (trained / "run2.log").read_text()
     steps = read_metrics(ckpt / "metrics.jsonl")
     assert [s for s in sorted(steps) if "critic/score/mean" in steps[s]] == [1, 2, 3]

@@ -1,6 +1,6 @@
 """verl's own vLLM rollout replica on vLLM's CPU build: the production rollout engine, not a stand-in.
 
-Runs only where vLLM is importable: `make test-vllm` builds `.venv-vllm` (ci/install_vllm_env.sh) and
+Runs only where vLLM is importable: `make test-vllm` builds `.venv-vllm` (.ci/install_vllm_env.sh) and
 runs this file there under a hard timeout (a vLLM engine that dies can hang the trainer); in `.venv`
 it is skipped.
 

@@ -18,7 +18,7 @@ import pytest
 
 from train import evaluate
 from train.evaluation import results as eval_results
-from train.search_r1 import protocol
+from train.search_r1 import prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -155,17 +155,17 @@ def test_checkpoints_flag_bad_folders(learn_task, tmp_path, capsys):
 
 
 def test_baseline_prompts_are_search_r1s():
-    rag = protocol.make_method_messages("rag", "who wrote hamlet", ['"Hamlet"\nA play by Shakespeare.', '"X"\nY'])
+    rag = prompts.make_method_messages("rag", "who wrote hamlet", ['"Hamlet"\nA play by Shakespeare.', '"X"\nY'])
     text = rag[0]["content"]
     assert text.startswith("Answer the given question with some potentially useful context. ")
     assert text.endswith("Question: who wrote hamlet? Context: Doc 1(Title: \"Hamlet\") A play by Shakespeare.\n"
                          "Doc 2(Title: \"X\") Y\n \n")
-    cot = protocol.make_method_messages("cot", "q")[0]["content"]
+    cot = prompts.make_method_messages("cot", "q")[0]["content"]
     assert "You should first have a reasoning process in mind and then provides the answer." in cot
-    assert "<think>" not in protocol.make_method_messages("direct", "q")[0]["content"]
-    assert protocol.make_method_messages("search_r1", "q") == protocol.make_messages("q")
+    assert "<think>" not in prompts.make_method_messages("direct", "q")[0]["content"]
+    assert prompts.make_method_messages("search_r1", "q") == prompts.make_messages("q")
     with pytest.raises(ValueError, match="needs the retrieved passages"):
-        protocol.make_method_messages("rag", "q")
+        prompts.make_method_messages("rag", "q")
 
 
 def test_rag_and_direct_end_to_end(learn_task, learn_server, tmp_path, capsys):
@@ -173,7 +173,7 @@ def test_rag_and_direct_end_to_end(learn_task, learn_server, tmp_path, capsys):
     model = str(learn_task / "model")
     out = tmp_path / "rag.jsonl"
     assert evaluate.main(["--model", model, "--data", data, "--method", "rag", "--retriever-url", learn_server.url,
-                          "--out", str(out), "--paper-row", "3B-Ins RAG"]) == 0
+                          "--out", str(out), "--paper-row", "3B-Ins RAG", "--expect-corpus", "any"]) == 0
     printed = capsys.readouterr().out
     assert "paper row '3B-Ins RAG': Search-R1 paper (arXiv 2503.09516 v5), Table 2" in printed
     rows = rows_of(out)
@@ -195,6 +195,7 @@ def test_rag_prompt_reaches_the_model(learn_task, learn_server):
 
     from retrieval.client import RetrievalClient
     from train.inference.asker import Asker
+    from train.inference.settings import AskSettings
 
     tok = AutoTokenizer.from_pretrained(learn_task / "model")
     seen = []
@@ -207,7 +208,7 @@ def test_rag_prompt_reaches_the_model(learn_task, learn_server):
 
     async def go():
         client = RetrievalClient(learn_server.url, topk=3)
-        asker = Asker(Recorder(), tok, client, method="rag")
+        asker = Asker(Recorder(), tok, client, AskSettings(model=None, method="rag"))
         res = await asker.ask("What is the capital of France")
         await client.aclose()
         return res
@@ -226,6 +227,7 @@ def test_hf_engine_same_answers_as_generate_and_reuses_the_cache(learn_task, lea
     from train.inference.asker import Asker
     from train.inference.hf_engine import HFBatchedServerManager
     from train.inference.hf_generate import HFServerManager
+    from train.inference.settings import AskSettings
 
     old = HFServerManager.from_pretrained(str(learn_task / "model"), device="cpu", seed=0)
     new = HFBatchedServerManager(old.model, old.tokenizer, "cpu", 0)
@@ -233,8 +235,8 @@ def test_hf_engine_same_answers_as_generate_and_reuses_the_cache(learn_task, lea
 
     async def run(gen):
         client = RetrievalClient(learn_server.url, topk=3)
-        asker = Asker(gen, old.tokenizer, client, max_turns=4, temperature=0.0, max_new_tokens=64,
-                      model_path=str(learn_task / "model"))
+        asker = Asker(gen, old.tokenizer, client, AskSettings(model=str(learn_task / "model"), max_turns=4,
+                                                              temperature=0.0, max_new_tokens=64))
         out = await asyncio.gather(*(asker.ask(q) for q in questions))
         await client.aclose()
         return [(r.response, r.answer, r.searches) for r in out]
@@ -252,7 +254,7 @@ def test_hf_engine_sampling_stops_and_errors(learn_task):
 
     eng = HFBatchedServerManager.from_pretrained(str(learn_task / "model"), device="cpu", seed=0)
     tok = eng.tokenizer
-    prompt = tok.encode(protocol.render_prompt(tok, "What is the capital of France?"), add_special_tokens=False)
+    prompt = tok.encode(prompts.render_prompt(tok, "What is the capital of France?"), add_special_tokens=False)
 
     async def go():
         sp = {"temperature": 1.0, "top_p": 0.9, "max_tokens": 40, "logprobs": True, "stop": ["</search>"]}

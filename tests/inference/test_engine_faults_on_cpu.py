@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from train import infer  # noqa: E402
 
-# The stand-in vllm (bench/gpu_check.py): a GPU platform, and an engine whose construction records
+# The stand-in vllm (train/gpucheck/fork.py): a GPU platform, and an engine whose construction records
 # what CUDA calls this process made before it, then stops the run (nothing past the engine's start is
 # under test).
 ENGINE_RECORDS = """
@@ -51,7 +51,7 @@ for _name in ("is_available", "device_count", "init", "_lazy_init", "current_dev
 
 
 def fake_vllm(tmp_path: Path) -> Path:
-    from bench.gpu_check import write_stand_in_vllm
+    from train.gpucheck.fork import write_stand_in_vllm
 
     return write_stand_in_vllm(tmp_path / "fakes", cpu=False, engine_body=ENGINE_RECORDS)
 
@@ -185,11 +185,12 @@ def test_a_finished_trajectory_leaves_no_cache(tiny_engine_parts, bm25_index_dir
     from train.inference.asker import Asker
     from train.inference.backends import make_search_client
     from train.inference.hf_engine import HFBatchedServerManager
+    from train.inference.settings import AskSettings
 
     model, tok = tiny_engine_parts
     eng = HFBatchedServerManager(model, tok, "cpu", 0)
     client = make_search_client(index=str(bm25_index_dir))
-    asker = Asker(eng, tok, client, max_turns=2, max_new_tokens=12, model_path=str(tiny_model_dir))
+    asker = Asker(eng, tok, client, AskSettings(model=str(tiny_model_dir), max_turns=2, max_new_tokens=12))
 
     async def go():
         return await asyncio.gather(*(asker.ask(q) for q in ("who wrote hamlet", "where is paris", "what is rome")))

@@ -98,7 +98,7 @@ def test_evaluator_known_em_resume_and_table(tiny_tokenizer, bm25_server, tmp_pa
     gen = ScriptedByQuestion(tiny_tokenizer, answers)
     out = tmp_path / "eval.jsonl"
     args = ["--model", "scripted", "--data", str(data), "--out", str(out), "--retriever-url", bm25_server.url,
-            "--paper-row", "3B-Ins GRPO+LLDS"]
+            "--paper-row", "3B-Ins GRPO+LLDS", "--expect-corpus", "sample"]  # the bundled sample, not wiki-18
     assert evaluate.main(args, generator=gen) == 0
     printed = capsys.readouterr().out
     assert "nq                     10   0.300" in printed

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.verl_layout import actor_config, jagged_log_probs, make_batch, padded_response_log_probs, to_micro_batches
+from bench.verl_layout import actor_config, jagged_log_probs, make_batch, padded_response_log_probs, to_micro_batches
 from train.llds.loss import LLDSConfig, llds_ppo_loss, make_actor_loss
 
 

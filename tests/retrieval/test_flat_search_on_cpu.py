@@ -272,8 +272,8 @@ def test_gpu_workspace_flag_is_validated_and_reaches_the_index(monkeypatch, caps
         raise FileNotFoundError("stop here")
 
     monkeypatch.setattr(index_mod, "load_configured", fake_load)
-    with pytest.raises(SystemExit):
-        main(["--index", "x.index", "--gpu", "--gpu-workspace-mb", "64"])
+    assert main(["--index", "x.index", "--gpu", "--gpu-workspace-mb", "64"]) == 2
+    assert capsys.readouterr().err.strip() == "error: stop here"
     assert seen["gpu"] is True and seen["gpu_workspace_bytes"] == 64 << 20
     loads = []
     monkeypatch.setattr(flat.TorchFlatIndex, "load", staticmethod(lambda path, **kw: loads.append(kw)))

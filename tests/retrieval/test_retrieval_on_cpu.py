@@ -279,8 +279,8 @@ def test_repeated_queries_are_searched_once_and_answer_as_an_uncached_server(bm2
 
     stream = _stream(qa_path)
     plain, cached = _Counting(load_retriever(bm25_index_dir)), _Counting(load_retriever(bm25_index_dir))
-    a = MicroBatcher(plain, max_batch=256)
-    b = MicroBatcher(cached, max_batch=256, cache_bytes=8 << 20)
+    a = MicroBatcher(plain, ServerConfig(max_batch=256))
+    b = MicroBatcher(cached, ServerConfig(max_batch=256, cache_bytes=8 << 20))
     try:
         for queries, topk in stream:  # one request at a time: every repeat is a repeat across batches
             want = a.submit(queries, topk).result(timeout=60)
@@ -291,7 +291,7 @@ def test_repeated_queries_are_searched_once_and_answer_as_an_uncached_server(bm2
         with ThreadPoolExecutor(8) as ex:
             wants = list(ex.map(lambda r: a.submit(*r).result(timeout=60), stream))
         fresh = _Counting(load_retriever(bm25_index_dir))
-        c = MicroBatcher(fresh, max_batch=256)
+        c = MicroBatcher(fresh, ServerConfig(max_batch=256))
         try:
             with ThreadPoolExecutor(8) as ex:
                 gots = list(ex.map(lambda r: c.submit(*r).result(timeout=60), stream))
@@ -318,7 +318,7 @@ def test_the_result_cache_stays_within_its_bytes(bm25_index_dir, qa_path):
 
     stream = _stream(qa_path, n_questions=30, samples=2)
     counting = _Counting(load_retriever(bm25_index_dir))
-    b = MicroBatcher(counting, cache_bytes=20_000)
+    b = MicroBatcher(counting, ServerConfig(cache_bytes=20_000))
     plain = MicroBatcher(load_retriever(bm25_index_dir))
     try:
         for _ in range(2):
@@ -329,7 +329,7 @@ def test_the_result_cache_stays_within_its_bytes(bm25_index_dir, qa_path):
                 assert 0 < stats["bytes"] <= 20_000, stats
         assert stats["evictions"] > 0 and stats["hits"] > 0, stats
         # a result bigger than the whole cache is served, not kept
-        tiny = MicroBatcher(load_retriever(bm25_index_dir), cache_bytes=100)
+        tiny = MicroBatcher(load_retriever(bm25_index_dir), ServerConfig(cache_bytes=100))
         try:
             assert tiny.submit(["Harvey Pekar"], 3).result(timeout=30)
             assert tiny.cache.stats()["entries"] == 0
@@ -384,7 +384,7 @@ def test_every_search_runs_on_the_batching_thread_under_a_rotating_load(bm25_ind
 
     questions = [json.loads(line)["question"] for line in open(qa_path)][:60]
     gated = _Gated(load_retriever(bm25_index_dir))
-    plain = MicroBatcher(load_retriever(bm25_index_dir), max_batch=256)
+    plain = MicroBatcher(load_retriever(bm25_index_dir), ServerConfig(max_batch=256))
     srv = LiveServer(create_app(gated, ServerConfig()), free_port())
     try:
         # lone requests, one after another, each on a new connection (waitress hands them to its threads in turn)

@@ -194,7 +194,7 @@ def test_a_failing_batch_is_retried_per_request_so_only_the_culprit_fails():
 
 def test_a_maximal_request_does_not_block_a_small_one():
     fake = Scripted(per_query_s=0.002)  # 512 queries = ~1 s in one batch
-    b = MicroBatcher(fake, max_batch=64, max_batch_chars=64 * 4096)
+    b = MicroBatcher(fake, ServerConfig(max_batch=64, max_batch_chars=64 * 4096))
     try:
         big = b.submit([f"big {i} " + "x" * 4000 for i in range(512)], 100)
         time.sleep(0.05)
@@ -214,7 +214,7 @@ def test_a_maximal_request_does_not_block_a_small_one():
 
 def test_character_cap_splits_batches():
     fake = Scripted()
-    b = MicroBatcher(fake, max_batch=256, max_batch_chars=10_000)
+    b = MicroBatcher(fake, ServerConfig(max_batch=256, max_batch_chars=10_000))
     try:
         res = b.submit(["y" * 3000] * 10, 3).result(timeout=10)
         assert len(res) == 10 and max(sum(map(len, x)) for x in fake.batches) <= 10_000

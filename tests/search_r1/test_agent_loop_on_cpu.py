@@ -6,11 +6,12 @@ import asyncio
 import pytest
 from verl.workers.rollout.replica import TokenOutput
 
+from train.search_r1 import prompts
 from train.search_r1 import protocol as P
 from train.search_r1.agent_loop import cut_after_stop, segments, standalone_loop, stop_params
 from train.search_r1.rollout_manager import add_search_tensors
 
-QUESTION = [{"role": "user", "content": P.make_prompt("Who illustrated American Splendor")}]
+QUESTION = [{"role": "user", "content": prompts.make_prompt("Who illustrated American Splendor")}]
 
 
 class Scripted:
@@ -183,6 +184,33 @@ def test_bad_config_is_named(tiny_tokenizer):
         run(tiny_tokenizer, ["x"], search_cfg={"topK": 3})
     with pytest.raises(ValueError, match="topk must be >= 1"):
         run(tiny_tokenizer, ["x"], search_cfg={"topk": 0})
+
+
+def test_a_long_query_is_cut_once_and_sent_as_counted(tiny_tokenizer):
+    search = FakeSearch()
+    out, _ = run(tiny_tokenizer, ["<search> " + "abc " * 20 + "</search>", "<answer> x </answer>"], search,
+                 search_cfg={"max_query_chars": 10})
+    assert search.queries == ["abc abc ab"] == out.extra_fields["search_queries"]  # what the server got is counted
+
+
+def test_search_config_is_checked_however_it_is_built_and_parsed_one_way():
+    from omegaconf import OmegaConf
+
+    from train.errors import ConfigError
+    from train.search_r1.config import SearchConfig
+
+    with pytest.raises(ConfigError, match="search_r1.topk must be >= 1"):
+        SearchConfig(topk=0)  # built directly (the asker does): checked all the same
+    assert SearchConfig.of(OmegaConf.create({"search_r1": {"topk": 5, "max_turns": "${search_r1.topk}"}})) == \
+        SearchConfig(topk=5, max_turns=5)  # a whole trainer config, interpolations resolved
+    assert SearchConfig.of({}) == SearchConfig.of(OmegaConf.create({})) == SearchConfig()
+
+
+def test_every_way_a_training_trajectory_ends_has_its_share_in_the_metrics():
+    from train.search_r1.metrics import STOP_SHARES
+
+    # search_failed: only a baseline's one retrieval (the asker), never an agent-loop trajectory
+    assert {reason for reason, _ in STOP_SHARES} == set(P.StopReason) - {P.StopReason.SEARCH_FAILED}
 
 
 def test_stop_params_per_engine():

@@ -7,7 +7,7 @@ import pytest
 
 from train.data_prep import main
 from train.errors import DataError
-from train.search_r1 import protocol
+from train.search_r1 import prompts, protocol
 from train.search_r1.dataset import load_local
 
 
@@ -30,7 +30,7 @@ def test_rows_and_uids(prepared):
            {(e["index"]) for e in train.extra_info if e["uid"].startswith("train-hotpotqa")}
     row = train.iloc[0]
     assert row.agent_name == "search_r1" and row.ability == "fact-reasoning"
-    assert list(row.prompt) == protocol.make_messages(row.extra_info["question"])
+    assert list(row.prompt) == prompts.make_messages(row.extra_info["question"])
     assert row.reward_model["style"] == "rule" and len(row.reward_model["ground_truth"]["target"]) >= 1
     assert {e["split"] for e in test.extra_info} == {"test"}
 

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from train.search_r1 import prompts
 from train.search_r1 import protocol as P
 
 #: the real Qwen2.5 tokenizer, bundled with the tests (tests/data/README.md)
@@ -9,13 +10,13 @@ QWEN_TOKENIZER = Path(__file__).resolve().parents[1] / "data" / "qwen2.5_tokeniz
 
 
 def test_prompt_is_search_r1_text():
-    p = P.make_prompt("  who wrote hamlet ")
+    p = prompts.make_prompt("  who wrote hamlet ")
     assert p.startswith("Answer the given question. You must conduct reasoning inside <think> and </think> first")
     assert p.endswith("For example, <answer> Beijing </answer>. Question: who wrote hamlet?\n")
-    assert P.make_prompt("Is it?").endswith("Question: Is it?\n")
-    assert P.make_messages("q") == [{"role": "user", "content": P.make_prompt("q")}]
+    assert prompts.make_prompt("Is it?").endswith("Question: Is it?\n")
+    assert prompts.make_messages("q") == [{"role": "user", "content": prompts.make_prompt("q")}]
     with pytest.raises(ValueError):
-        P.make_prompt("   ")
+        prompts.make_prompt("   ")
 
 
 @pytest.mark.parametrize("text,kind,content", [
@@ -100,7 +101,7 @@ def test_tags_under_the_real_qwen_tokenizer():
     assert tok.decode(ids) == text
     assert P.parse_turn(tok.decode(ids)).content == "capital of France"
     # The chat-templated prompt round-trips and ends with the assistant header.
-    prompt = P.render_prompt(tok, "who wrote hamlet")
+    prompt = prompts.render_prompt(tok, "who wrote hamlet")
     assert prompt.endswith("<|im_start|>assistant\n") and "Question: who wrote hamlet?" in prompt
 
 

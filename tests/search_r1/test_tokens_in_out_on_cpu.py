@@ -11,6 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 from verl.workers.rollout.replica import TokenOutput
 
+from train.search_r1 import prompts
 from train.search_r1 import protocol as P
 from train.search_r1.agent_loop import end_of_turn_ids, standalone_loop
 
@@ -53,7 +54,7 @@ class FakeSearch:
 def run(tok, path, mgr):
     async def go():
         loop = standalone_loop(tok, mgr, search={"max_turns": 3}, search_client=FakeSearch(), model_path=path)
-        return await loop.run({"temperature": 1.0}, raw_prompt=P.make_messages(QUESTION))
+        return await loop.run({"temperature": 1.0}, raw_prompt=prompts.make_messages(QUESTION))
 
     return asyncio.run(go())
 
@@ -68,7 +69,8 @@ def test_trained_tokens_are_generated_plus_observation_tokens(family):
     out = run(tok, path, mgr)
 
     # the prompt is the model's own chat template over the protocol's messages (SmolLM2's adds its system turn)
-    expected_prompt = tok.apply_chat_template(P.make_messages(QUESTION), add_generation_prompt=True, tokenize=True)
+    expected_prompt = tok.apply_chat_template(prompts.make_messages(QUESTION), add_generation_prompt=True,
+                                              tokenize=True)
     expected_prompt = expected_prompt["input_ids"] if hasattr(expected_prompt, "keys") else expected_prompt
     assert out.prompt_ids == list(expected_prompt)
     if name == "smollm2":
@@ -115,7 +117,7 @@ def test_the_real_smollm2_through_the_hf_engine(smollm2_dir):
         rec = Recording()
         loop = standalone_loop(tok, rec, search={"max_turns": 2, "max_turn_tokens": 24}, search_client=FakeSearch(),
                                model_path=str(smollm2_dir))
-        out = await loop.run({"temperature": 1.0}, raw_prompt=P.make_messages(QUESTION))
+        out = await loop.run({"temperature": 1.0}, raw_prompt=prompts.make_messages(QUESTION))
         return out, rec
 
     try:

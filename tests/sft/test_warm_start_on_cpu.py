@@ -4,8 +4,10 @@ loss, that the supervised steps learn, and the command on a real split and a rea
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import refuses, run_command
-from train.search_r1 import protocol
+from train.search_r1 import prompts, protocol
 from train.sft.supervised import sft_protocol, tokenize_trajectories
 from train.sft.trajectories import retrieved_trajectories, supported_answer
 
@@ -53,7 +55,7 @@ def test_only_the_policy_turns_and_the_closing_eos_carry_loss(tiny_tokenizer):
              (protocol.format_observation(["\"T\"\nsome passage"]), False), ("<answer> a </answer>", True)]
     [(ids, labels)] = tokenize_trajectories(tok, [("what is q?", parts)], max_tokens=10_000)
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
-    prompt = enc(protocol.render_prompt(tok, "what is q?"))
+    prompt = enc(prompts.render_prompt(tok, "what is q?"))
     search, obs, answer = (enc(t) for t, _ in parts)
     assert ids == prompt + search + obs + answer + [tok.eos_token_id]
     assert labels == [-100] * len(prompt) + search + [-100] * len(obs) + answer + [tok.eos_token_id]
@@ -79,7 +81,7 @@ def test_supervised_steps_learn_the_turns_and_leave_the_source_untouched(tiny_mo
     def first_turn(folder):
         tok = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder)
-        ids = tok.encode(protocol.render_prompt(tok, "question 3?"), add_special_tokens=False)
+        ids = tok.encode(prompts.render_prompt(tok, "question 3?"), add_special_tokens=False)
         with torch.no_grad():
             out = model.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=tok.pad_token_id)
         return protocol.truncate_at_stop(tok.decode(out[0, len(ids):]))
@@ -121,3 +123,47 @@ def test_the_command_refuses_what_is_not_a_training_split(tiny_model_dir, bm25_i
     refuses(main, [*base, "--data", str(recorded_split / "train.parquet"), "--steps", "0"], capsys,
             r"--steps must be >= 1")
     assert not (tmp_path / "o").exists()
+
+
+def test_the_device_is_the_gpu_when_torch_sees_one(monkeypatch):
+    import torch
+
+    from train.errors import UserError
+    from train.sft.supervised import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device(None) == pick_device("auto") == pick_device("cpu") == "cpu"
+    with pytest.raises(UserError, match="--device cuda: torch sees no GPU"):
+        pick_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pick_device(None) == pick_device("auto") == "cuda"
+    assert pick_device("cuda:1") == "cuda:1" and pick_device("cpu") == "cpu"  # asked for: kept
+
+
+def test_the_command_hands_the_gpu_to_the_supervised_steps(tiny_model_dir, bm25_index_dir, recorded_split, tmp_path,
+                                                           capsys, monkeypatch):
+    """Where torch sees a GPU, ``python -m train.warm_start`` trains there (the steps on a GPU:
+    tests/sft/test_warm_start_gpu.py); ``--device cpu`` keeps the CPU."""
+    import torch
+
+    from train.sft import supervised
+    from train.warm_start import main
+
+    seen = {}
+
+    def steps(model, trajectories, **kw):
+        seen.update(kw)
+        return {"first_loss": 1.0, "last_loss": 0.5, "epochs": 1.0, "seconds": 0.0}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(supervised, "sft_protocol", steps)
+    out = tmp_path / "sft"
+    out.mkdir()
+    rc, text = run_command(main, ["--model", str(tiny_model_dir), "--data", str(recorded_split / "train.parquet"),
+                                  "--index", str(bm25_index_dir), "--out", str(out), "--steps", "1"], capsys)
+    assert rc == 0, text
+    assert seen["device"] == "cuda" and "s on cuda); model in" in text
+    assert json.loads((out / "warm_start.json").read_text())["device"] == "cuda"
+    rc, text = run_command(main, ["--model", str(tiny_model_dir), "--data", str(recorded_split / "train.parquet"),
+                                  "--index", str(bm25_index_dir), "--out", str(out), "--device", "cpu"], capsys)
+    assert rc == 0 and seen["device"] == "cpu", text

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from train.trainer import checkpoint_store as checkpoints
+from train.trainer import checkpoint_store
 
 pytestmark = pytest.mark.slow  # make test-fast leaves these out
 
@@ -100,8 +100,8 @@ def test_sigterm_exits_143_with_or_without_a_checkpoint(tmp_path, tiny_model_dir
     # the step in progress when the signal came (step 1, unless the log reached us late)
     saved = int(text.split("SIGTERM: step ", 1)[1].split(" ", 1)[0])
     assert "saving its checkpoint, then stopping after the step" in text and saved < 3
-    assert checkpoints.read_tracker(str(ckpt)) == (saved, None)
-    assert checkpoints.problems(str(ckpt / f"global_step_{saved}")) == []
+    assert checkpoint_store.read_tracker(str(ckpt)) == (saved, None)
+    assert checkpoint_store.problems(str(ckpt / f"global_step_{saved}")) == []
     assert (ckpt / f"global_step_{saved}" / "manifest.json").is_file()
     assert sorted(s for s, m in read_metrics(ckpt / "metrics.jsonl").items() if "critic/score/mean" in m) == \
         list(range(1, saved + 1))
@@ -111,7 +111,8 @@ def test_sigterm_exits_143_with_or_without_a_checkpoint(tmp_path, tiny_model_dir
     assert f"checkpoints: resuming from {ckpt / f'global_step_{saved}'}" in text
     assert f"SIGTERM: stopped; the newest checkpoint is global_step_{saved}" in text, text[-3000:]
     assert "Aborted" not in text and "core dumped" not in text
-    assert checkpoints.read_tracker(str(ckpt)) == (saved, None) and checkpoints.saved_steps(str(ckpt)) == [saved]
+    assert checkpoint_store.read_tracker(str(ckpt)) == (saved, None)
+    assert checkpoint_store.saved_steps(str(ckpt)) == [saved]
     assert not (ckpt / ".stop_requested").exists()  # the first run's request was cleared at start
     time.sleep(3)
     assert ray_processes() == before, ray_processes()

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from train.trainer import checkpoint_store as checkpoints
-from train.trainer import metrics_file
+from train.trainer import checkpoint_store, metrics_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,9 +39,9 @@ def fake_checkpoint(root: Path, step: int, world: int = 2, manifest: bool = True
     (actor / "fsdp_config.json").write_text("{}")
     torch.save({"epoch": 0, "step": step}, folder / "data.pt")
     if manifest:
-        checkpoints.write_manifest(str(folder))
+        checkpoint_store.write_manifest(str(folder))
     if tracker:
-        checkpoints.write_tracker(str(root), step)
+        checkpoint_store.write_tracker(str(root), step)
     return folder
 
 
@@ -54,7 +53,7 @@ def truncate(path: Path, keep: int = 100) -> None:
 def test_complete_checkpoints_have_no_problems(tmp_path):
     for manifest in (True, False):
         folder = fake_checkpoint(tmp_path / str(manifest), 1, manifest=manifest)
-        assert checkpoints.problems(str(folder)) == []
+        assert checkpoint_store.problems(str(folder)) == []
     manifest = json.loads((tmp_path / "True" / "global_step_1" / "manifest.json").read_text())
     assert "actor/model_world_size_2_rank_1.pt" in manifest["files"] and "data.pt" in manifest["files"]
     assert manifest["bytes"] == sum(manifest["files"].values())
@@ -66,7 +65,7 @@ def test_tracker_naming_a_missing_folder_resumes_from_the_newest_complete(tmp_pa
     fake_checkpoint(tmp_path, 2)
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")
     said = []
-    assert checkpoints.prepare_resume(str(tmp_path), "auto", log=said.append) == 2
+    assert checkpoint_store.prepare_resume(str(tmp_path), "auto", log=said.append) == 2
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "2"
     assert any("named step 3, which does not exist" in s for s in said), said
 
@@ -76,7 +75,7 @@ def test_empty_or_garbled_tracker_resumes_from_the_newest_complete(tmp_path, con
     """verl: ValueError: invalid literal for int(). A full disk at the first save left it at 0 bytes."""
     fake_checkpoint(tmp_path, 1)
     (tmp_path / "latest_checkpointed_iteration.txt").write_text(content)
-    assert checkpoints.prepare_resume(str(tmp_path), "auto", log=lambda m: None) == 1
+    assert checkpoint_store.prepare_resume(str(tmp_path), "auto", log=lambda m: None) == 1
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "1"
 
 
@@ -86,67 +85,67 @@ def test_truncated_newest_shard_falls_back_to_the_one_before(tmp_path, manifest)
     fake_checkpoint(tmp_path, 1, manifest=manifest)
     newest = fake_checkpoint(tmp_path, 2, manifest=manifest)
     truncate(newest / "actor" / "model_world_size_2_rank_1.pt")
-    bad = checkpoints.problems(str(newest))
+    bad = checkpoint_store.problems(str(newest))
     assert len(bad) == 1 and "model_world_size_2_rank_1.pt" in bad[0]
     said = []
-    assert checkpoints.prepare_resume(str(tmp_path), "auto", log=said.append) == 1
+    assert checkpoint_store.prepare_resume(str(tmp_path), "auto", log=said.append) == 1
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "1"
     assert not newest.exists() and (tmp_path / "incomplete_global_step_2" / "actor").is_dir()  # kept, aside
     assert any("global_step_2 is incomplete" in s and "rank_1" in s for s in said), said
-    assert checkpoints.saved_steps(str(tmp_path)) == [1]  # retention no longer counts it
+    assert checkpoint_store.saved_steps(str(tmp_path)) == [1]  # retention no longer counts it
 
 
 def test_a_save_cut_short_is_incomplete(tmp_path):
     """No manifest: a missing rank, or data.pt (verl writes it after every shard) not there."""
     a = fake_checkpoint(tmp_path / "a", 1, manifest=False)
     (a / "actor" / "optim_world_size_2_rank_1.pt").unlink()
-    assert any("optim shards of ranks [1] of 2 are missing" in p for p in checkpoints.problems(str(a)))
+    assert any("optim shards of ranks [1] of 2 are missing" in p for p in checkpoint_store.problems(str(a)))
     b = fake_checkpoint(tmp_path / "b", 1, manifest=False)
     (b / "data.pt").unlink()
-    assert any("data.pt is missing" in p for p in checkpoints.problems(str(b)))
+    assert any("data.pt is missing" in p for p in checkpoint_store.problems(str(b)))
     c = fake_checkpoint(tmp_path / "c", 1)  # with a manifest: a listed file gone
     (c / "actor" / "fsdp_config.json").unlink()
-    assert any("fsdp_config.json is missing" in p for p in checkpoints.problems(str(c)))
+    assert any("fsdp_config.json is missing" in p for p in checkpoint_store.problems(str(c)))
 
 
 def test_refuses_to_start_over_while_checkpoints_exist(tmp_path):
     only = fake_checkpoint(tmp_path, 1)
     truncate(only / "data.pt")
-    with pytest.raises(checkpoints.CheckpointError, match="refusing to train from scratch.*resume_mode=disable"):
-        checkpoints.prepare_resume(str(tmp_path), "auto", log=lambda m: None)
+    with pytest.raises(checkpoint_store.CheckpointError, match="refusing to train from scratch.*resume_mode=disable"):
+        checkpoint_store.prepare_resume(str(tmp_path), "auto", log=lambda m: None)
     assert only.exists()  # nothing moved when nothing is complete
     said = []
-    assert checkpoints.prepare_resume(str(tmp_path), "disable", log=said.append) == 0
+    assert checkpoint_store.prepare_resume(str(tmp_path), "disable", log=said.append) == 0
     assert "from scratch" in said[0]
     # a tracker but no folder at all: restore them, or say so
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "latest_checkpointed_iteration.txt").write_text("5")
-    with pytest.raises(checkpoints.CheckpointError, match="names step 5 but"):
-        checkpoints.prepare_resume(str(empty), "auto")
-    assert checkpoints.prepare_resume(str(tmp_path / "new"), "auto") == 0  # a fresh run
+    with pytest.raises(checkpoint_store.CheckpointError, match="names step 5 but"):
+        checkpoint_store.prepare_resume(str(empty), "auto")
+    assert checkpoint_store.prepare_resume(str(tmp_path / "new"), "auto") == 0  # a fresh run
 
 
 def test_resume_path_must_be_complete_and_errors_name_the_file(tmp_path):
     folder = fake_checkpoint(tmp_path, 4)
-    assert checkpoints.prepare_resume(str(tmp_path), "resume_path", str(folder), log=lambda m: None) == 4
+    assert checkpoint_store.prepare_resume(str(tmp_path), "resume_path", str(folder), log=lambda m: None) == 4
     truncate(folder / "actor" / "extra_state_world_size_2_rank_0.pt")
-    with pytest.raises(checkpoints.CheckpointError, match="extra_state_world_size_2_rank_0.pt has 100 bytes"):
-        checkpoints.prepare_resume(str(tmp_path), "resume_path", str(folder))
-    with pytest.raises(checkpoints.CheckpointError, match="must name a global_step_N folder"):
-        checkpoints.prepare_resume(str(tmp_path), "resume_path", str(tmp_path))
+    with pytest.raises(checkpoint_store.CheckpointError, match="extra_state_world_size_2_rank_0.pt has 100 bytes"):
+        checkpoint_store.prepare_resume(str(tmp_path), "resume_path", str(folder))
+    with pytest.raises(checkpoint_store.CheckpointError, match="must name a global_step_N folder"):
+        checkpoint_store.prepare_resume(str(tmp_path), "resume_path", str(tmp_path))
 
 
 def test_tracker_write_is_atomic(tmp_path, monkeypatch):
     """A failed write (the disk filled up) leaves the tracker as it was, not at 0 bytes."""
-    checkpoints.write_tracker(str(tmp_path), 1)
+    checkpoint_store.write_tracker(str(tmp_path), 1)
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoints.os, "fsync", full)
+    monkeypatch.setattr(checkpoint_store.os, "fsync", full)
     with pytest.raises(OSError, match="No space left"):
-        checkpoints.write_tracker(str(tmp_path), 2)
+        checkpoint_store.write_tracker(str(tmp_path), 2)
     monkeypatch.undo()
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest_checkpointed_iteration.txt"]  # no temp left
@@ -156,16 +155,17 @@ def test_full_disk_is_named_before_and_during_a_save(tmp_path, monkeypatch):
     import shutil
 
     fake_checkpoint(tmp_path, 1)
-    size = checkpoints.checkpoint_bytes(str(tmp_path / "global_step_1"))
-    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, size // 2))
-    with pytest.raises(checkpoints.CheckpointError) as e:
-        checkpoints.check_free_space(str(tmp_path), 2, 1)
+    size = checkpoint_store.checkpoint_bytes(str(tmp_path / "global_step_1"))
+    monkeypatch.setattr(checkpoint_store.shutil, "disk_usage",
+                        lambda p: shutil._ntuple_diskusage(10**9, 10**9, size // 2))
+    with pytest.raises(checkpoint_store.CheckpointError) as e:
+        checkpoint_store.check_free_space(str(tmp_path), 2, 1)
     assert f"no space left on {tmp_path} for global_step_2" in str(e.value) and f"{size:,}" in str(e.value)
-    message = checkpoints.describe_save_failure(str(tmp_path), 2, RuntimeError("basic_ios::clear: iostream error"))
+    message = checkpoint_store.describe_save_failure(str(tmp_path), 2, RuntimeError("basic_ios::clear: iostream error"))
     assert message.startswith(f"no space left on {tmp_path} while saving global_step_2")
     assert "newest complete checkpoint is global_step_1" in message and "iostream error" in message
     monkeypatch.undo()
-    checkpoints.check_free_space(str(tmp_path), 2, 1)  # room enough: no error
+    checkpoint_store.check_free_space(str(tmp_path), 2, 1)  # room enough: no error
 
 
 # -- metrics ------------------------------------------------------------------------------------------
@@ -304,7 +304,7 @@ def test_evaluation_never_keeps_a_failed_search(tmp_path, tiny_tokenizer, bm25_i
     prep(["--out", str(tmp_path / "data"), "--local", str(qa_path), "--holdout", "10"])
     rows = eval_results.load_rows(str(tmp_path / "data" / "test.parquet"), None, None)
     assert len(rows) == 20
-    from train.search_r1.protocol import normalize_question
+    from train.search_r1.prompts import normalize_question
 
     answers = {normalize_question(r["question"]): r["golds"][0] for r in rows}
     from tests.conftest import ServerProcess
@@ -349,6 +349,7 @@ def test_evaluation_stops_when_the_retriever_is_down_and_redoes_old_failed_rows(
     from train.evaluation import results as eval_results
     from train.evaluation import runner as eval_runner
     from train.inference.asker import Asker
+    from train.inference.settings import AskSettings
     from train.search_r1 import protocol
 
     rows = [{"uid": f"u{i}", "data_source": "nq", "question": f"question {i}?", "golds": ["x"]} for i in range(40)]
@@ -359,10 +360,10 @@ def test_evaluation_stops_when_the_retriever_is_down_and_redoes_old_failed_rows(
     assert eval_results.read_done(out) == {}
     assert "1 rows saw a failed search; they are redone" in capsys.readouterr().out
     client = RetrievalClient(f"http://127.0.0.1:{free_port()}", retries=0, timeout=2)  # nothing listens there
-    asker = Asker(ScriptedByQuestion(tiny_tokenizer), tiny_tokenizer, client, concurrency=2)
+    asker = Asker(ScriptedByQuestion(tiny_tokenizer), tiny_tokenizer, client, AskSettings(model=None, concurrency=2))
     with pytest.raises(evaluate.RetrieverDown) as e:
         asyncio.run(eval_runner.evaluate(rows, asker, out))
-    message, partial = e.value.args
+    message, partial = str(e.value), e.value.results
     assert partial == [] and "stopped early" in message and "rows were not started" in message
     assert out.read_text() == ""  # nothing but results is written
 
@@ -460,7 +461,7 @@ class FakeOut:
 def manager(monkeypatch, outputs, healthy=True, **search):
     from omegaconf import OmegaConf
 
-    from train.search_r1 import rollout_manager as agent_loop
+    from train.search_r1 import rollout_manager
 
     calls, waits = [], []
 
@@ -472,9 +473,9 @@ def manager(monkeypatch, outputs, healthy=True, **search):
         waits.append(round(seconds))
         return healthy(url) if callable(healthy) else healthy
 
-    monkeypatch.setattr(agent_loop.AgentLoopManager, "generate_sequences", generate)
-    monkeypatch.setattr(agent_loop, "wait_healthy_async", wait)
-    mgr = object.__new__(agent_loop.SearchR1AgentLoopManager)
+    monkeypatch.setattr(rollout_manager.AgentLoopManager, "generate_sequences", generate)
+    monkeypatch.setattr(rollout_manager, "wait_healthy_async", wait)
+    mgr = object.__new__(rollout_manager.SearchR1AgentLoopManager)
     mgr.config = OmegaConf.create({"search_r1": {"outage_wait_s": 5, **search}})
     return mgr, calls, waits
 
@@ -490,10 +491,10 @@ def test_manager_redoes_a_rollout_that_hit_an_outage(monkeypatch, capsys):
 def test_manager_waits_for_every_nodes_replica(monkeypatch):
     """With a replica on every node, the driver waits for each node's after an outage (its own node's
     answering says nothing of the others'), and names the one that stayed down."""
-    from train.search_r1 import rollout_manager as agent_loop
+    from train.search_r1 import rollout_manager
 
     replicas = ["http://10.0.0.1:8000/retrieve", "http://10.0.0.2:8000/retrieve"]
-    monkeypatch.setattr(agent_loop, "every_replica", lambda url: replicas if "{node_ip}" in url else [url])
+    monkeypatch.setattr(rollout_manager, "every_replica", lambda url: replicas if "{node_ip}" in url else [url])
     asked = []
     mgr, calls, waits = manager(monkeypatch, [FakeOut(3)], healthy=lambda u: asked.append(u) or "10.0.0.1" in u,
                                 retriever_url="http://{node_ip}:8000/retrieve")

@@ -1,6 +1,6 @@
 """Running verl's real training loop on CPU (``VERL_PLATFORM=cpu``): a CPU platform on gloo,
-verl's own FSDP engine registered for the ``cpu`` device, and an ``hf`` rollout (transformers
-generate) behind verl's server-replica interface.
+verl's own FSDP engine registered for the ``cpu`` device, and an ``hf`` rollout (the batched
+transformers engine of train/inference/hf_engine.py) behind verl's server-replica interface.
 
 Nothing here is active unless the config asks for it: the platform only when ``VERL_PLATFORM=cpu``,
 the rollout only with ``actor_rollout_ref.rollout.name=hf``. The GPU path is unchanged.

@@ -105,8 +105,10 @@ def plot(rows: dict[int, dict], ckpt_dir: Path, out: Path) -> Optional[Path]:
 
 
 def evaluate_checkpoints(opts: "EvalOptions", rows: list[dict], paper: Optional[dict], generator=None) -> int:
-    """Every complete checkpoint of ``opts.checkpoints``, each asked with ``opts.ask`` and its merged model."""
-    from train.errors import RetrieverDown
+    """Every complete checkpoint of ``opts.checkpoints``, each asked with ``opts.ask`` and its merged model.
+    Raises :class:`~train.errors.CheckpointError` (exit 2) when none can be evaluated and
+    :class:`~train.errors.RetrieverDown` (exit 3) naming the step when the retriever fails."""
+    from train.errors import CheckpointError, RetrieverDown
     from train.evaluation.report import describe_speed, table
     from train.evaluation.results import macro_em
     from train.evaluation.runner import run_model
@@ -114,12 +116,10 @@ def evaluate_checkpoints(opts: "EvalOptions", rows: list[dict], paper: Optional[
 
     root = Path(opts.checkpoints)
     if not root.is_dir():
-        print(f"error: --checkpoints {root}: no such folder", file=sys.stderr)
-        return 2
+        raise CheckpointError(f"--checkpoints {root}: no such folder")
     steps = checkpoints.saved_steps(str(root))
     if not steps:
-        print(f"error: --checkpoints {root}: no global_step_N folder in it", file=sys.stderr)
-        return 2
+        raise CheckpointError(f"--checkpoints {root}: no global_step_N folder in it")
     out = Path(opts.out) if opts.out else root / "eval"
     out.mkdir(parents=True, exist_ok=True)
     summary = out / "steps.jsonl"
@@ -145,9 +145,7 @@ def evaluate_checkpoints(opts: "EvalOptions", rows: list[dict], paper: Optional[
             try:
                 results, stats = run_model(opts, str(model), rows, out / f"global_step_{step}.jsonl", generator)
             except RetrieverDown as e:
-                message, _ = e.args
-                print(f"error: step {step}: {message}", file=sys.stderr)
-                return 3
+                raise RetrieverDown(f"step {step}: {e}", results=e.results) from None
         per, em = macro_em(results)
         row = {"step": step, "n": len(results), "em": em, "sources": per, "data": data, "asked": len(rows)}
         with open(summary, "a", encoding="utf-8") as f:
@@ -156,8 +154,7 @@ def evaluate_checkpoints(opts: "EvalOptions", rows: list[dict], paper: Optional[
         print(f"step {step}: EM {em:.3f} over {len(results)} questions ({describe_speed(stats)})")
     evaluated = {s: done[s] for s in steps if s in done}
     if not evaluated:
-        print("error: no checkpoint could be evaluated", file=sys.stderr)
-        return 2
+        raise CheckpointError("no checkpoint could be evaluated")
     print(f"\n{'step':>8}{'n':>7}{'EM':>8}")
     for s, d in evaluated.items():
         print(f"{s:>8}{d['n']:>7}{d['em']:>8.3f}")

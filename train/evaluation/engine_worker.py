@@ -77,10 +77,7 @@ def worker_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m train.evaluation.engine_worker")
     ap.add_argument("--settings", required=True, help="AskSettings.to_json()")
     try:
-        settings = AskSettings.from_json(ap.parse_args(argv).settings)
-        wrong = settings.problems()
-        if wrong:
-            raise InferenceError(wrong[0])
+        settings = AskSettings.from_json(ap.parse_args(argv).settings)  # checked as it is read
     except (InferenceError, ValueError, TypeError) as e:
         print(f"error: --settings: {e}", file=sys.stderr)
         return 2

@@ -44,6 +44,7 @@ class EvalOptions:
     out: Optional[str] = None
     paper_row: Optional[str] = None
     max_failure_rate: float = 0.5
+    expect_corpus: Optional[str] = None  # checked against the retriever's /health (train/trainer/corpus_check.py)
 
     @classmethod
     def parse(cls, argv=None) -> "EvalOptions":
@@ -55,21 +56,23 @@ class EvalOptions:
         check_args(ap, args)
         return cls(ask=from_parsed(ap, args), data=args.data, checkpoints=args.checkpoints, engines=args.engines,
                    sources=tuple(args.sources.split(",")) if args.sources else None, limit=args.limit,
-                   out=args.out, paper_row=args.paper_row, max_failure_rate=args.max_failure_rate)
+                   out=args.out, paper_row=args.paper_row, max_failure_rate=args.max_failure_rate,
+                   expect_corpus=args.expect_corpus)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from train.inference.settings import add_flags
-    from train.search_r1 import protocol
+    from train.search_r1 import prompts
 
     ap = argparse.ArgumentParser(prog="python -m train.evaluate", description=DESCRIPTION,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="HF model folder, hub id or a name of "
-                    "`python -m train.get_model --list` (or --checkpoints)")
+    ap.add_argument("--model", default=None, help="HF model folder, hub id, a name of "
+                    "`python -m train.get_model --list`, or a training checkpoint global_step_N (merged once into "
+                    "global_step_N/hf); or --checkpoints")
     ap.add_argument("--checkpoints", default=None, metavar="CKPT_DIR",
                     help="evaluate every complete global_step_N in CKPT_DIR (a run's trainer.default_local_dir)")
     ap.add_argument("--data", required=True, help="test parquet (train.data_prep)")
-    ap.add_argument("--method", choices=list(protocol.METHODS), default="search_r1",
+    ap.add_argument("--method", choices=list(prompts.METHODS), default="search_r1",
                     help="search_r1 (the agent; default) or a baseline: direct, cot, rag "
                          "(top-k passages in the prompt)")
     ap.add_argument("--engines", type=int, default=None,
@@ -80,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, help="per-sample jsonl (default runs/eval/<model>.jsonl); with "
                                                 "--checkpoints a folder (default CKPT_DIR/eval)")
     ap.add_argument("--paper-row", default=None, help="print the paper's numbers for this row beside ours")
+    ap.add_argument("--expect-corpus", default=None, metavar="CORPUS",
+                    help="the corpus the retriever must serve, checked against its /health before any question: "
+                         "wiki18, sample, a passage count, an index_id, or any (no check). Default: wiki18 with "
+                         "--paper-row, else any")
     ap.add_argument("--max-failure-rate", type=float, default=0.5,
                     help="stop when more than this share of the last 50 searches failed (default 0.5); rows "
                          "that saw a failed search are never written")

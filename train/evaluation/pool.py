@@ -53,11 +53,8 @@ def visible_gpus() -> list[str]:
 
 def plan(engines: Optional[int], tensor_parallel: int, gpus: list[str]) -> list[Optional[str]]:
     """The CUDA_VISIBLE_DEVICES of each engine (None: no GPU, the CPU). ``engines`` None: as many as
-    the visible GPUs allow (1 without GPUs). Raises InferenceError when the GPUs do not suffice."""
-    if tensor_parallel < 1:
-        raise InferenceError("--tensor-parallel-size must be >= 1")
-    if engines is not None and engines < 1:
-        raise InferenceError("--engines must be >= 1")
+    the visible GPUs allow (1 without GPUs). Raises InferenceError when the GPUs do not suffice. Both numbers
+    come checked (>= 1) from the evaluator's options."""
     if not gpus:
         if tensor_parallel > 1:
             raise InferenceError(f"--tensor-parallel-size {tensor_parallel} needs GPUs; none is visible")

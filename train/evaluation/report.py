@@ -8,20 +8,20 @@ from pathlib import Path
 from typing import Optional
 
 from train.errors import UserError
+from train.search_r1.dataset import TEST_SOURCES
 
 #: the paper's EM table (arXiv 2512.04220 v2; PPO/GRPO rows quoted there from Search-R1), with sources
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.json"
-#: the paper's benchmark order (columns of its table)
-ORDER = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
 TEST_QUESTIONS = 51_713  # the 7 test sets of data/processed/test.parquet
 
 
 def by_source(results: list[dict]) -> dict[str, list[dict]]:
-    """Rows grouped by data_source, in the paper's order (others after, sorted)."""
+    """Rows grouped by data_source, in the paper's order (its table's columns: the test sets as
+    :mod:`train.data_prep` writes them), others after, sorted."""
     by = defaultdict(list)
     for d in results:
         by[d["data_source"]].append(d)
-    return {s: by[s] for s in [s for s in ORDER if s in by] + sorted(s for s in by if s not in ORDER)}
+    return {s: by[s] for s in [s for s in TEST_SOURCES if s in by] + sorted(s for s in by if s not in TEST_SOURCES)}
 
 
 def table(results: list[dict], paper: Optional[dict] = None) -> str:

@@ -10,7 +10,7 @@ from typing import Optional
 from train.errors import DataError
 from train.evaluation.report import by_source
 from train.inference.results_file import ResultsFile
-from train.search_r1 import protocol
+from train.search_r1 import prompts
 
 
 def load_rows(path: str, sources: Optional[list[str]], limit: Optional[int]) -> list[dict]:
@@ -31,7 +31,7 @@ def load_rows(path: str, sources: Optional[list[str]], limit: Optional[int]) -> 
             continue
         per_source[r.data_source] += 1
         info = dict(r.extra_info)
-        question = info.get("question") or protocol.question_from_prompt(r.prompt)
+        question = info.get("question") or prompts.question_from_prompt(r.prompt)
         rows.append({"uid": str(info.get("uid", f"{r.data_source}-{i}")), "data_source": r.data_source,
                      "question": question, "golds": list(r.reward_model["ground_truth"]["target"])})
     return rows

@@ -104,7 +104,7 @@ async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: fl
             parts.append(f"{not_started} rows were not started")
         parts.append(f"{len(results)} of {len(rows)} rows are in {out_path}; rerun the same command once the retriever "
                      f"answers: finished rows are kept, the others are evaluated")
-        raise RetrieverDown("; ".join(parts), results)
+        raise RetrieverDown("; ".join(parts), results=results)
     return results
 
 

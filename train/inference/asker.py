@@ -12,10 +12,10 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from train.errors import InferenceError
-from train.inference.settings import MAX_NEW_TOKENS, MAX_TURNS, TOPK, AskSettings
-from train.search_r1 import protocol
+from train.inference.settings import AskSettings
+from train.search_r1 import prompts, protocol
 from train.search_r1.config import SearchConfig
+from train.search_r1.protocol import StopReason
 
 
 def build_asker(settings: AskSettings, generator=None) -> "Asker":
@@ -33,9 +33,7 @@ def build_asker(settings: AskSettings, generator=None) -> "Asker":
     if settings.method in ("search_r1", "rag"):  # direct and cot need no retriever
         client = make_search_client(settings.retriever_url, settings.corpus, settings.index, topk=settings.topk)
     gen = generator or make_generator(settings)
-    return Asker(gen, tokenizer or gen.tokenizer, client, max_turns=settings.max_turns, topk=settings.topk,
-                 temperature=settings.temperature, max_new_tokens=settings.max_new_tokens,
-                 concurrency=settings.concurrency, model_path=settings.model, method=settings.method)
+    return Asker(gen, tokenizer or gen.tokenizer, client, settings)
 
 
 @dataclass
@@ -57,49 +55,44 @@ class Result:
 
 
 class Asker:
-    """Ask questions with one generator and one search client (async; many at once).
+    """Ask questions with one generator and one search client (async; many at once), as ``settings`` say
+    (checked where they were read: :meth:`AskSettings.problems`; the default: every default, no model).
 
     ``method``: ``search_r1`` runs the agent loop (search as often as the model asks, up to
     ``max_turns``); ``direct``, ``cot`` and ``rag`` are the baselines of Search-R1's table, one
-    generation with their prompt (:mod:`train.search_r1.protocol`), ``rag`` with the top-``topk`` passages for
-    the question in it."""
+    generation with their prompt (:mod:`train.search_r1.prompts`), ``rag`` with the top-``topk`` passages for
+    the question in it. ``settings.model``'s generation config names the end-of-turn tokens."""
 
-    def __init__(self, generator, tokenizer, search_client, *, max_turns: int = MAX_TURNS, topk: int = TOPK,
-                 temperature: float = 0.0, max_new_tokens: int = MAX_NEW_TOKENS,
-                 max_obs_tokens: int = SearchConfig.max_obs_tokens,
-                 response_length: int = 8192, concurrency: int = 256, model_path: Optional[str] = None,
-                 method: str = "search_r1"):
-        if method not in protocol.METHODS:
-            raise InferenceError(f"--method must be one of {', '.join(protocol.METHODS)}, got {method!r}")
-        self.method = method
-        if max_turns < 0:
-            raise InferenceError("--max-turns must be >= 0")
-        if max_new_tokens < 1:
-            raise InferenceError("--max-new-tokens must be >= 1")
-        if temperature < 0:
-            raise InferenceError("--temperature must be >= 0")
+    def __init__(self, generator, tokenizer, search_client, settings: Optional[AskSettings] = None, *,
+                 response_length: int = 8192):
+        self.settings = settings = settings if settings is not None else AskSettings(model=None)
         self.generator, self.tokenizer, self.client = generator, tokenizer, search_client
-        self.search = {"max_turns": max_turns, "val_max_turns": max_turns, "topk": topk,
-                       "max_turn_tokens": max_new_tokens, "max_obs_tokens": max_obs_tokens}
-        self.temperature, self.response_length = temperature, response_length
-        if concurrency < 1:
-            raise InferenceError("--concurrency must be >= 1")
-        self.model_path = model_path  # its generation config names the end-of-turn tokens
-        self.concurrency = concurrency
-        self._sem = asyncio.Semaphore(concurrency)
+        # the agent loop's search settings, built once: the evaluation turn cap in training is val_max_turns
+        self.search = SearchConfig(max_turns=settings.max_turns, val_max_turns=settings.max_turns, topk=settings.topk,
+                                   max_turn_tokens=settings.max_new_tokens)
+        self.response_length = response_length
+        self._sem = asyncio.Semaphore(settings.concurrency)
+
+    @property
+    def method(self) -> str:
+        return self.settings.method
+
+    @property
+    def concurrency(self) -> int:
+        return self.settings.concurrency
 
     async def ask(self, question: str) -> Result:
         if self.method != "search_r1":
             return await self._ask_once(question)
         from train.search_r1.agent_loop import segments, standalone_loop
 
-        messages = protocol.make_messages(question)  # raises on an empty question
+        messages = prompts.make_messages(question)  # raises on an empty question
         model_type = getattr(getattr(getattr(self.generator, "model", None), "config", None), "model_type", None)
-        params = {"temperature": self.temperature, "top_p": 1.0}
+        params = {"temperature": self.settings.temperature, "top_p": 1.0}
         async with self._sem:  # the loop (and its state) exists only while the question is in flight
             loop = standalone_loop(self.tokenizer, self.generator, search=self.search, search_client=self.client,
                                    response_length=self.response_length, hf_model_type=model_type,
-                                   model_path=self.model_path)
+                                   model_path=self.settings.model)
             out = await loop.run(params, raw_prompt=messages)
         response = self.tokenizer.decode(out.response_ids)
         return Result(question=question, answer=protocol.extract_answer(response),
@@ -115,35 +108,36 @@ class Asker:
         from retrieval.client import contents_of
         from train.search_r1.agent_loop import cut_after_stop, end_of_turn_ids
 
-        protocol.normalize_question(question)  # raises on an empty question
+        prompts.normalize_question(question)  # raises on an empty question
         contents, failed = None, 0
         if self.method == "rag":
             try:
-                contents = contents_of((await self.client.aretrieve([question], topk=self.search["topk"]))[0])
+                contents = contents_of((await self.client.aretrieve([question], topk=self.search.topk))[0])
             except Exception as e:  # noqa: BLE001  (counted and reported as a failed search)
                 import logging
 
                 logging.getLogger(__name__).warning("retrieval for %r failed: %s", question[:200], e)
                 failed = 1
         if failed:
-            return Result(question=question, answer=None, segments=[], searches=0, stop_reason="search_failed",
+            return Result(question=question, answer=None, segments=[], searches=0, stop_reason=StopReason.SEARCH_FAILED,
                           response=protocol.format_search_failure(), failed_searches=1)
-        messages = protocol.make_method_messages(self.method, question, contents)
+        messages = prompts.make_method_messages(self.method, question, contents)
         if getattr(self.tokenizer, "chat_template", None):
             prompt_ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             if isinstance(prompt_ids, dict) or hasattr(prompt_ids, "input_ids"):
                 prompt_ids = prompt_ids["input_ids"]
         else:
             prompt_ids = self.tokenizer.encode(messages[0]["content"], add_special_tokens=False)
-        params = {"temperature": self.temperature, "top_p": 1.0, "max_tokens": self.search["max_turn_tokens"],
+        params = {"temperature": self.settings.temperature, "top_p": 1.0, "max_tokens": self.search.max_turn_tokens,
                   "stop": [protocol.ANSWER_CLOSE], "include_stop_str_in_output": True}
         async with self._sem:
             out = await self.generator.generate(request_id=None, prompt_ids=list(prompt_ids), sampling_params=params)
         ids = cut_after_stop(self.tokenizer, list(out.token_ids), [protocol.ANSWER_CLOSE])
-        eos = end_of_turn_ids(self.tokenizer, self.model_path or "")
+        eos = end_of_turn_ids(self.tokenizer, self.settings.model or "")
         response = self.tokenizer.decode(ids)
         answer = protocol.extract_answer(response)
-        stop = "answer" if answer is not None else ("eos" if ids and ids[-1] in eos else "length")
+        stop = StopReason.ANSWER if answer is not None else (StopReason.EOS if ids and ids[-1] in eos else
+                                                             StopReason.LENGTH)
         return Result(question=question, answer=answer, segments=[("model", response)], searches=0,
                       stop_reason=stop, response=response, valid_searches=int(contents is not None),
                       generated_tokens=len(ids))

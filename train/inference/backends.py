@@ -68,10 +68,7 @@ class VLLMServerManager:
                  "gpu_memory_utilization"], seed: int = 0, tensor_parallel_size: int = 1,
                  max_num_seqs: int = VLLM_DEFAULTS["max_num_seqs"],
                  max_num_batched_tokens: int = VLLM_DEFAULTS["max_num_batched_tokens"]):
-        if not 0.0 < gpu_memory_utilization <= 1.0:
-            raise InferenceError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
-        if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise InferenceError("--max-num-seqs and --max-num-batched-tokens must be >= 1")
+        # the engine settings come checked (AskSettings.problems, as a command reads them): vLLM gets them as they are
         os.environ.update(vllm_engine_env())  # before vLLM reads it (it is read when the core starts)
         try:
             from vllm import AsyncEngineArgs, AsyncLLMEngine

@@ -22,7 +22,7 @@ from typing import Optional
 
 from train.errors import InferenceError
 from train.models import registry as models
-from train.search_r1 import protocol
+from train.search_r1 import prompts
 from train.search_r1.config import SearchConfig
 
 #: the defaults outside training: the evaluation settings of the training config (search_r1 block)
@@ -81,19 +81,26 @@ class AskSettings:
 
     @classmethod
     def from_json(cls, text: str) -> "AskSettings":
+        """Settings sent whole to another process, checked there (:meth:`problems`; the first raises)."""
         data = json.loads(text)
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise InferenceError(f"settings with unknown fields {sorted(unknown)} (a worker of another version?)")
-        return cls(**data)
+        settings = cls(**data)
+        wrong = settings.problems()
+        if wrong:
+            raise InferenceError(wrong[0])
+        return settings
 
     def problems(self) -> list[str]:
-        """What is wrong with these values, one message each naming the flag (empty: nothing)."""
+        """What is wrong with these values, one message each naming the flag (empty: nothing). The one check
+        of an asker's settings: every command checks them here as it reads them (:func:`from_parsed`,
+        :meth:`from_json`), and what is built from them (the asker, the engines) takes them as they are."""
         out = []
         if self.backend not in ("hf", "vllm"):
             out.append(f"--backend must be hf or vllm, got {self.backend!r}")
-        if self.method not in protocol.METHODS:
-            out.append(f"--method must be one of {', '.join(protocol.METHODS)}, got {self.method!r}")
+        if self.method not in prompts.METHODS:
+            out.append(f"--method must be one of {', '.join(prompts.METHODS)}, got {self.method!r}")
         for name in ("concurrency", "topk", "max_new_tokens", "tensor_parallel_size", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 out.append(f"--{name.replace('_', '-')} must be >= 1")

@@ -14,8 +14,8 @@ when either
   over the previous ``spike_window`` steps (checked once that many steps exist).
 
 Configured under ``lld_alarm:`` in the training config (defaults in :class:`AlarmConfig`, documented
-in the README). Pure Python: no verl import. The history lives in the trainer process, so a resumed
-run starts a fresh one.
+in docs/training.md#collapse-early-warning). Pure Python: no verl import. The history lives in the
+trainer process, so a resumed run starts a fresh one.
 """
 
 from __future__ import annotations

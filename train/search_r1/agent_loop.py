@@ -27,6 +27,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from retrieval.client import RetrievalClient, RetrievalServerError, RetrieverUnavailable, contents_of
 from train.search_r1 import protocol
 from train.search_r1.config import SearchConfig, resolve_url
+from train.search_r1.protocol import Kind, SearchStatus, StopReason
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +109,11 @@ def answer_token_span(tokenizer, ids: list[int]) -> int:
 class SearchR1AgentLoop(AgentLoopBase):
     """verl agent loop speaking the Search-R1 protocol."""
 
-    def __init__(self, *args, search_client=None, eos_from: Optional[str] = None, **kwargs):
+    def __init__(self, *args, search: Optional[SearchConfig] = None, search_client=None, eos_from: Optional[str] = None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
-        self.search = SearchConfig.from_config(self.config.get("search_r1"))
+        # verl builds a loop per trajectory from the trainer config; outside verl the caller hands its settings whole
+        self.search = search if search is not None else SearchConfig.of(self.config)
         self.response_length = int(self.rollout_config.response_length)
         self._stop = stop_params(self.rollout_config.get("name"))
         self._client = search_client
@@ -126,12 +129,10 @@ class SearchR1AgentLoop(AgentLoopBase):
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    async def _observe(self, query: str) -> tuple[str, str]:
-        """Observation text for a search, and how it went: ``"ok"``, ``"outage"`` (the retriever was
-        unreachable, timed out or kept answering 5xx: the rollout is redone once it is back) or
-        ``"failed"`` (it rejected the query or answered something malformed). Failures become the
-        failure observation; only ``strict`` re-raises an unreachable retriever."""
-        query = query[: self.search.max_query_chars]  # what the server accepts
+    async def _observe(self, query: str) -> tuple[str, SearchStatus]:
+        """Observation text for a search (``query`` already cut to what the server accepts), and how it went
+        (:class:`~train.search_r1.protocol.SearchStatus`). Failures become the failure observation; only
+        ``strict`` re-raises an unreachable retriever."""
         try:
             result = await self.client.aretrieve([query], topk=self.search.topk)
             docs = contents_of(result[0])
@@ -140,15 +141,15 @@ class SearchR1AgentLoop(AgentLoopBase):
                 raise
             log.warning("search %r failed: %s (search_r1.timeout=%g s over search_r1.retries=%d retries); answered "
                         "with a failure observation", query[:200], e, self.search.timeout, self.search.retries)
-            return protocol.format_search_failure(), "outage"
+            return protocol.format_search_failure(), SearchStatus.OUTAGE
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001  (one bad search must not kill the step)
             log.warning("search %r failed (%s: %s); answered with a failure observation", query[:200],
                         type(e).__name__, e)
-            return protocol.format_search_failure(), "failed"
+            return protocol.format_search_failure(), SearchStatus.FAILED
         return protocol.format_observation(docs, max_tokens=self.search.max_obs_tokens,
-                                           count_tokens=lambda s: len(self._encode(s))), "ok"
+                                           count_tokens=lambda s: len(self._encode(s))), SearchStatus.OK
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         request_id = uuid4().hex  # the same for every turn: an engine keeps the KV cache between them
@@ -170,23 +171,23 @@ class SearchR1AgentLoop(AgentLoopBase):
                           response_length=self.response_length, have_logprobs=bool(sampling_params.get("logprobs")))
         for turn in range(traj.max_turns + 1):
             if traj.room <= 0:
-                traj.stop_reason = "length"
+                traj.stop_reason = StopReason.LENGTH
                 break
             action, ended_in_eos = await self._generate_turn(traj, request_id, sampling_params, turn)
-            if action.kind == "answer":
-                traj.stop_reason = "answer"
+            if action.kind == Kind.ANSWER:
+                traj.stop_reason = StopReason.ANSWER
                 break
-            if ended_in_eos and action.kind != "search":  # the last generation ended in EOS
-                traj.stop_reason = "eos"
+            if ended_in_eos and action.kind != Kind.SEARCH:  # the last generation ended in EOS
+                traj.stop_reason = StopReason.EOS
                 break
             if turn == traj.max_turns:
-                traj.stop_reason = "max_turns"  # a search in the last generation is counted, not run
+                traj.stop_reason = StopReason.MAX_TURNS  # a search in the last generation is counted, not run
                 break
             if traj.room <= 0:
-                traj.stop_reason = "length"
+                traj.stop_reason = StopReason.LENGTH
                 break
             if not await self._observation_turn(traj, action):
-                traj.stop_reason = "length"
+                traj.stop_reason = StopReason.LENGTH
                 break
         return traj.output()
 
@@ -201,30 +202,33 @@ class SearchR1AgentLoop(AgentLoopBase):
                                                  sampling_params=params)
         ids = cut_after_stop(self.tokenizer, list(out.token_ids))[: traj.room]
         action = protocol.parse_turn(self.tokenizer.decode(ids))
-        if action.kind not in ("answer", "search") and ids and ids[-1] in self._eos and turn < traj.max_turns:
+        ended_in_eos = bool(ids) and ids[-1] in self._eos
+        if action.kind == Kind.INVALID and ended_in_eos and turn < traj.max_turns:
             # As the released loop: an invalid turn that ended in EOS gets the invalid-action message
             # and the trajectory goes on; the EOS is dropped (the policy is trained to continue here).
             ids = ids[:-1]
             traj.eos_dropped += 1
+            ended_in_eos = ids[-1] in self._eos if ids else False
         traj.add_model(ids, out.log_probs)
-        if action.kind == "answer":
+        if action.kind == Kind.ANSWER:
             traj.answers += 1
             traj.answer_len = answer_token_span(self.tokenizer, ids)
-        elif action.kind == "search":
+        elif action.kind == Kind.SEARCH:
             traj.searches += 1
         else:
             traj.invalid += 1
-        return action, bool(ids) and ids[-1] in self._eos
+        return action, ended_in_eos
 
     async def _observation_turn(self, traj: "Trajectory", action: protocol.Action) -> bool:
         """The search's observation (or the invalid-action message) appended to ``traj`` (mask 0);
         False when it filled the response."""
-        if action.kind == "search":
-            traj.queries.append(action.content[: self.search.max_query_chars])
-            obs, status = await self._observe(action.content)
-            traj.failed += int(status != "ok")
-            traj.outage += int(status == "outage")
-            traj.executed += int(status == "ok")
+        if action.kind == Kind.SEARCH:
+            query = action.content[: self.search.max_query_chars]  # longer queries: what the server accepts
+            traj.queries.append(query)
+            obs, status = await self._observe(query)
+            traj.failed += int(status != SearchStatus.OK)
+            traj.outage += int(status == SearchStatus.OUTAGE)
+            traj.executed += int(status == SearchStatus.OK)
         else:
             obs = protocol.INVALID_ACTION_MESSAGE
         return traj.add_observation(self._encode(obs))
@@ -255,7 +259,7 @@ class Trajectory:
     answers: int = 0
     eos_dropped: int = 0  # invalid turns that ended in EOS and went on
     queries: list[str] = field(default_factory=list)  # as sent (search_r1/repeated_query_share)
-    stop_reason: str = "max_turns"
+    stop_reason: StopReason = StopReason.MAX_TURNS
 
     @property
     def room(self) -> int:
@@ -303,11 +307,12 @@ class Trajectory:
                                num_turns=2 * self.turns, metrics={}, extra_fields=extra)
 
 
-def standalone_loop(tokenizer, server_manager, *, search: Optional[dict] = None, response_length: int = 4096,
-                    prompt_length: int = 4096, search_client=None, hf_model_type: Optional[str] = None,
-                    model_path: Optional[str] = None) -> SearchR1AgentLoop:
-    """The same agent loop outside a verl worker (``infer.py``, the evaluator, tests).
-    Call from inside a running event loop (verl's base class captures it)."""
+def standalone_loop(tokenizer, server_manager, *, search: SearchConfig | dict | None = None,
+                    response_length: int = 4096, prompt_length: int = 4096, search_client=None,
+                    hf_model_type: Optional[str] = None, model_path: Optional[str] = None) -> SearchR1AgentLoop:
+    """The same agent loop outside a verl worker (``infer.py``, the evaluator, tests), with ``search`` whole
+    (a :class:`SearchConfig`, or a ``search_r1:`` block to parse). Call from inside a running event loop
+    (verl's base class captures it)."""
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -315,11 +320,12 @@ def standalone_loop(tokenizer, server_manager, *, search: Optional[dict] = None,
     cfg = OmegaConf.create({
         "actor_rollout_ref": {"rollout": {"response_length": response_length, "prompt_length": prompt_length}},
         "data": {},
-        "search_r1": dict(search or {}),
     })
+    search = search if isinstance(search, SearchConfig) else SearchConfig.from_config(search)
     return SearchR1AgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=server_manager, tokenizer=tokenizer,
                              processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
-                             search_client=search_client, hf_model_type=hf_model_type, eos_from=model_path or "")
+                             search=search, search_client=search_client, hf_model_type=hf_model_type,
+                             eos_from=model_path or "")
 
 
 def segments(tokenizer, output: AgentLoopOutput) -> list[tuple[str, str]]:

@@ -74,9 +74,37 @@ class SearchConfig:
     outage_wait_s: float = 600.0
     outage_redos: int = 3
     max_query_chars: int = MAX_QUERY_CHARS  # longer queries are cut to this (the server's limit)
+    # the corpus the retriever must serve, checked against its /health before Ray starts
+    # (train/trainer/corpus_check.py): wiki18, sample, a passage count, an index_id, or any
+    expect_corpus: Any = None
+
+    def __post_init__(self) -> None:
+        """Every value checked here, once: a SearchConfig that exists is valid, however it was built."""
+        for name in ("topk", "max_turn_tokens", "max_obs_tokens", "max_query_chars"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"search_r1.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_turns", "val_max_turns", "retries", "outage_redos"):
+            if int(getattr(self, name)) < 0:
+                raise ConfigError(f"search_r1.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= float(self.max_failure_rate) <= 1.0:
+            raise ConfigError(f"search_r1.max_failure_rate must be in [0, 1], got {self.max_failure_rate}")
+        if float(self.outage_wait_s) < 0:
+            raise ConfigError(f"search_r1.outage_wait_s must be >= 0 (0 = do not wait), got {self.outage_wait_s}")
+
+    @classmethod
+    def of(cls, trainer_config: Any) -> "SearchConfig":
+        """The ``search_r1:`` block of a whole trainer config (OmegaConf or a plain dict), parsed: the one way
+        the trainer, its config checks, the rollout manager, the agent loop and ``train.settings`` read it."""
+        block = trainer_config.get("search_r1") if trainer_config is not None else None
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(block):
+            block = OmegaConf.to_container(block, resolve=True)
+        return cls.from_config(block)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "SearchConfig":
+        """The block itself (a mapping; ``retriever: {url, topk}`` is the older spelling of two keys)."""
         d = dict(cfg or {})
         retriever = d.pop("retriever", None) or {}
         d.setdefault("retriever_url", retriever.get("url", cls.retriever_url))
@@ -86,17 +114,4 @@ class SearchConfig:
         unknown = set(d) - known
         if unknown:
             raise ConfigError(f"unknown search_r1 config keys: {sorted(unknown)} (known: {sorted(known)})")
-        out = cls(**d)
-        for name in ("topk", "max_turn_tokens", "max_obs_tokens"):
-            if int(getattr(out, name)) < 1:
-                raise ConfigError(f"search_r1.{name} must be >= 1, got {getattr(out, name)}")
-        for name in ("max_turns", "val_max_turns", "retries", "outage_redos"):
-            if int(getattr(out, name)) < 0:
-                raise ConfigError(f"search_r1.{name} must be >= 0, got {getattr(out, name)}")
-        if not 0.0 <= float(out.max_failure_rate) <= 1.0:
-            raise ConfigError(f"search_r1.max_failure_rate must be in [0, 1], got {out.max_failure_rate}")
-        if float(out.outage_wait_s) < 0:
-            raise ConfigError(f"search_r1.outage_wait_s must be >= 0 (0 = do not wait), got {out.outage_wait_s}")
-        if int(out.max_query_chars) < 1:
-            raise ConfigError(f"search_r1.max_query_chars must be >= 1, got {out.max_query_chars}")
-        return out
+        return cls(**d)

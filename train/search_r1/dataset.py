@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from train.errors import DataError
-from train.search_r1 import protocol
+from train.search_r1 import prompts, protocol
 from train.search_r1.reward import check_golds
 
 HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
 TRAIN_SOURCES = ("nq", "hotpotqa")
+#: the 7 test sets, in the paper's order (its table's columns; the evaluator's report follows it)
 TEST_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 TEST_SPLIT_ORDER = ("test", "dev", "train")  # per set, the first that exists (as Search-R1 did)
 
@@ -55,7 +56,7 @@ def make_row(rec: dict, source: str, split: str, index: int, uid: str) -> dict:
     question, golds = check_record(rec, f"{source}/{split}[{index}]")
     return {
         "data_source": source,
-        "prompt": protocol.make_messages(question),
+        "prompt": prompts.make_messages(question),
         "ability": "fact-reasoning",
         "reward_model": {"style": "rule", "ground_truth": {"target": golds}},
         "extra_info": {"split": split, "index": index, "uid": uid, "id": str(rec.get("id", index)),

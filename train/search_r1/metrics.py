@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from train.search_r1.protocol import StopReason
+
+#: the share of trajectories that ended each way (``search_r1/<name>``), per :class:`StopReason`
+STOP_SHARES = ((StopReason.ANSWER, "answered"), (StopReason.MAX_TURNS, "stopped_turn_cap"),
+               (StopReason.LENGTH, "stopped_length"), (StopReason.EOS, "stopped_eos"))
+
 
 def search_metrics(batch) -> dict[str, list[float]]:
     """Per-step agent statistics from the trajectories' extra fields (names avoid "min"/"max",
@@ -19,8 +25,7 @@ def search_metrics(batch) -> dict[str, list[float]]:
             out[f"search_r1/{name}"] = [float(np.mean([float(v or 0) for v in nt[key]]))]
     if "stop_reason" in nt:
         reasons = list(nt["stop_reason"])
-        for reason, name in (("answer", "answered"), ("max_turns", "stopped_turn_cap"),
-                             ("length", "stopped_length"), ("eos", "stopped_eos")):
+        for reason, name in STOP_SHARES:
             out[f"search_r1/{name}"] = [reasons.count(reason) / max(len(reasons), 1)]
     if "search_queries" in nt:
         out.update(repeated_query_shares(list(nt["search_queries"]), list(nt["uid"]) if "uid" in nt else None))

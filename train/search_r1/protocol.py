@@ -1,10 +1,11 @@
 """The Search-R1 text protocol: the one module that knows the tags.
 
-Everything that writes or reads Search-R1 text goes through here: the prompt template, the
-stop tags, turn parsing (search / answer / invalid), the observation block, the invalid-action
-message, observation truncation by whole passages, and answer extraction. The agent loop,
-``infer.py``, the evaluator, the data preparation and the reward all import from this module,
-so the byte-level format lives in exactly one place.
+Everything that writes or reads Search-R1 text goes through here: the tags, the stop tags, turn parsing
+(search / answer / invalid), the observation block, the invalid-action message, observation truncation by
+whole passages, answer extraction and the format rule, and the outcomes a turn, a search and a trajectory
+report (:class:`Kind`, :class:`SearchStatus`, :class:`StopReason`). The prompts, which quote these tags, are
+:mod:`train.search_r1.prompts`. The agent loop, ``infer.py``, the evaluator, the data preparation and the
+reward all import from these two modules, so the byte-level format lives in exactly one place.
 
 The strings are byte-compatible with Search-R1 (PeterGriffinJin/Search-R1, ``make_prefix``,
 ``execute_predictions`` and ``_passages2string``).
@@ -15,24 +16,15 @@ from __future__ import annotations
 import re
 import string
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable, Optional, Sequence
 
 #: the agent loop's registry name (verl's ``@register``): dataset rows name it in ``agent_name``
 AGENT_NAME = "search_r1"
 
 # --------------------------------------------------------------------------------------------
-# Prompt
+# Tags
 # --------------------------------------------------------------------------------------------
-
-PROMPT_TEMPLATE = (
-    "Answer the given question. "
-    "You must conduct reasoning inside <think> and </think> first every time you get new information. "
-    "After reasoning, if you find you lack some knowledge, you can call a search engine by "
-    "<search> query </search> and it will return the top searched results between <information> and "
-    "</information>. You can search as many times as your want. If you find no further external "
-    "knowledge needed, you can directly provide the answer inside <answer> and </answer>, without "
-    "detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
-)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
@@ -53,87 +45,38 @@ INVALID_ACTION_MESSAGE = (
 SEARCH_FAILED_TEXT = "Search failed: the retrieval service did not answer."
 
 
-def normalize_question(question: str) -> str:
-    """Strip and append ``?`` when missing, as Search-R1 does."""
-    if not isinstance(question, str) or not question.strip():
-        raise ValueError("question must be a non-empty string")
-    q = question.strip()
-    return q if q.endswith("?") else q + "?"
-
-
-def make_prompt(question: str) -> str:
-    """The user-message text for one question."""
-    return PROMPT_TEMPLATE.format(question=normalize_question(question))
-
-
-def make_messages(question: str) -> list[dict]:
-    """Chat messages (a single user turn, no system prompt) as Search-R1 builds them."""
-    return [{"role": "user", "content": make_prompt(question)}]
-
-
-def render_prompt(tokenizer, question: str) -> str:
-    """Prompt text as the policy sees it: the chat template when the tokenizer has one."""
-    messages = make_messages(question)
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return messages[0]["content"]
-
-
 # --------------------------------------------------------------------------------------------
-# Baseline prompts (the inference-only rows of Search-R1's table: no search during generation)
+# Outcomes: of a turn, of a search, of a trajectory (the agent loop's extra fields and metrics)
 # --------------------------------------------------------------------------------------------
 
-#: ``--method`` of the evaluator: the Search-R1 agent, or one of the three baselines.
-METHODS = ("search_r1", "direct", "cot", "rag")
 
-#: Direct answer. Search-R1's repository ships no direct-inference prompt; this is its CoT prompt
-#: (below) with the reasoning sentence replaced by "directly, without reasoning", so that the answer
-#: still comes inside the tags the reward reads.
-DIRECT_TEMPLATE = (
-    "Answer the given question. "
-    "Provide the final answer inside <answer> and </answer> directly, without reasoning or detailed "
-    "illustrations, for example <answer> Beijing </answer>. Question: {question}\n"
-)
+class Kind(StrEnum):
+    """What one generated turn asked for (:attr:`Action.kind`)."""
 
-#: Chain of thought, then answer: Search-R1's ``scripts/data_process/nq.py`` (``make_prefix``,
-#: template ``base``), the prompt of its no-search rows.
-COT_TEMPLATE = (
-    "Answer the given question. "
-    "You should first have a reasoning process in mind and then provides the answer. "
-    "Show your reasoning in <think> </think> tags and return the final answer in <answer> </answer> tags, "
-    "for example <answer> Beijing </answer>. Question: {question}\n"
-)
-
-#: RAG: the top-k passages for the question in the prompt, then answer: Search-R1's
-#: ``scripts/data_process/nq_rag.py`` (``make_prefix``, template ``base``; the context is its
-#: ``format_reference``: one ``Doc i(Title: ...) text`` line per passage).
-RAG_TEMPLATE = (
-    "Answer the given question with some potentially useful context. "
-    "You should analyze the question carefully, evaluate the given context (which may or may not be useful), "
-    "and then generate an accurate and well-reasoned response. "
-    "You should first have a reasoning process in mind and then provides the answer. "
-    "Show your reasoning in <think> </think> tags and return the final answer in <answer> </answer> tags, "
-    "for example <answer> Beijing </answer>. Question: {question} Context: {context} \n"
-)
+    SEARCH = "search"
+    ANSWER = "answer"
+    INVALID = "invalid"
 
 
-def format_context(contents: Sequence[str]) -> str:
-    """The RAG prompt's context: ``Doc i(Title: ...) text`` and a newline per passage."""
-    return "".join(format_passage(i + 1, c) + "\n" for i, c in enumerate(contents))
+class SearchStatus(StrEnum):
+    """How one search went: the retriever answered (``ok``), was unreachable, timed out or kept answering
+    5xx (``outage``: the rollout is redone once it is back), or rejected the query or answered something
+    malformed (``failed``)."""
+
+    OK = "ok"
+    OUTAGE = "outage"
+    FAILED = "failed"
 
 
-def make_method_messages(method: str, question: str, contents: Optional[Sequence[str]] = None) -> list[dict]:
-    """Chat messages for ``method`` (one of :data:`METHODS`); ``rag`` needs the retrieved ``contents``."""
-    q = normalize_question(question)
-    if method == "search_r1":
-        return make_messages(q)
-    templates = {"direct": DIRECT_TEMPLATE, "cot": COT_TEMPLATE, "rag": RAG_TEMPLATE}
-    if method not in templates:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    if method == "rag" and contents is None:
-        raise ValueError("the rag prompt needs the retrieved passages")
-    context = format_context(contents) if method == "rag" else ""
-    return [{"role": "user", "content": templates[method].format(question=q, context=context)}]
+class StopReason(StrEnum):
+    """Why a trajectory ended (its ``stop_reason``): an answer, an end-of-turn token, the turn cap, a full
+    response; ``search_failed``: a baseline's one retrieval failed before it generated anything."""
+
+    ANSWER = "answer"
+    EOS = "eos"
+    MAX_TURNS = "max_turns"
+    LENGTH = "length"
+    SEARCH_FAILED = "search_failed"
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,7 +88,7 @@ def make_method_messages(method: str, question: str, contents: Optional[Sequence
 class Action:
     """What one generated turn asked for."""
 
-    kind: str  # "search" | "answer" | "invalid"
+    kind: Kind
     content: str = ""
 
 
@@ -175,17 +118,17 @@ def parse_turn(text: str) -> Action:
     """
     hit = find_stop(text)
     if hit is None:
-        return Action("invalid")
+        return Action(Kind.INVALID)
     end, tag = hit
     body = text[: end - len(tag)]
     opener = SEARCH_OPEN if tag == SEARCH_CLOSE else ANSWER_OPEN
     start = body.rfind(opener)
     if start < 0:
-        return Action("invalid")
+        return Action(Kind.INVALID)
     content = body[start + len(opener):].strip()
     if tag == SEARCH_CLOSE:
-        return Action("search", content) if content else Action("invalid")
-    return Action("answer", content)
+        return Action(Kind.SEARCH, content) if content else Action(Kind.INVALID)
+    return Action(Kind.ANSWER, content)
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,9 +314,3 @@ def is_valid_sequence(response: str) -> bool:
         elif part.strip() and state not in _INSIDE:
             return False
     return state == "end"
-
-
-def question_from_prompt(prompt) -> str:
-    """The question of a dataset row's chat prompt (the text after the template's ``Question:``)."""
-    text = list(prompt)[-1]["content"]
-    return text.rsplit("Question:", 1)[-1].strip()

@@ -9,6 +9,7 @@ train.search_r1.rollout_manager.SearchR1AgentLoopManager``.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import numpy as np
@@ -69,9 +70,14 @@ class SearchR1AgentLoopManager(AgentLoopManager):
     (every group resampled; at most ``search_r1.outage_redos`` times), and stops the run when the
     retriever does not come back. Other failures (a rejected query) go to ``max_failure_rate``."""
 
+    @functools.cached_property
+    def search(self) -> SearchConfig:
+        """The ``search_r1:`` block, read once for the run (the config does not change between steps)."""
+        return SearchConfig.of(self.config)
+
     @auto_await
     async def generate_sequences(self, prompts):
-        search = SearchConfig.from_config(self.config.get("search_r1"))
+        search = self.search
         for attempt in range(int(search.outage_redos) + 1):
             out = super().generate_sequences(prompts)
             if asyncio.iscoroutine(out) or isinstance(out, asyncio.Future):

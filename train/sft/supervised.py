@@ -1,7 +1,12 @@
-"""Supervised steps on Search-R1 trajectories (the warm start of a policy that cannot write the format)."""
+"""Supervised steps on Search-R1 trajectories (the warm start of a policy that cannot write the format).
+
+Where they run: :func:`pick_device`. On a GPU the weights and the optimizer stay fp32 and the forward and
+backward run under bf16 autocast (where the GPU has bf16); on the CPU everything is fp32, as it always was.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -20,11 +25,11 @@ def tokenize_trajectories(tok, trajectories: list[Trajectory], max_tokens: int) 
     """(input ids, labels) per trajectory: the rendered prompt and observations carry no loss
     (label -100); the policy's turns and the closing EOS do. Kept from the end when longer than
     ``max_tokens``."""
-    from train.search_r1 import protocol
+    from train.search_r1 import prompts
 
     out = []
     for q, parts in trajectories:
-        ids = tok.encode(protocol.render_prompt(tok, q), add_special_tokens=False)
+        ids = tok.encode(prompts.render_prompt(tok, q), add_special_tokens=False)
         labels = [-100] * len(ids)
         for text, trained in parts:
             t = tok.encode(text, add_special_tokens=False)
@@ -36,24 +41,42 @@ def tokenize_trajectories(tok, trajectories: list[Trajectory], max_tokens: int) 
     return out
 
 
+def pick_device(requested: Optional[str] = None) -> str:
+    """Where the supervised steps run: ``requested`` (``cpu``, ``cuda``, ``cuda:N``), or with None or ``auto``
+    the GPU when torch sees one, else the CPU. A GPU asked for where there is none is a UserError."""
+    import torch
+
+    if requested in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        from train.errors import UserError
+
+        raise UserError(f"--device {requested}: torch sees no GPU here (--device cpu, or leave it out)")
+    return requested
+
+
 def sft_protocol(model_dir: str | os.PathLike, trajectories: Callable[[Callable[[str], int]], list[Trajectory]], *,
                  steps: int = 300, batch: int = 8, lr: float = 3e-3, seed: int = 0, max_tokens: int = 384,
                  progress: bool = False, out_dir: Optional[str | os.PathLike] = None, weight_decay: float = 0.01,
-                 log: Optional[Callable[[str], None]] = None, sampling: str = "epochs") -> dict:
+                 log: Optional[Callable[[str], None]] = None, sampling: str = "epochs", device: str = "cpu") -> dict:
     """Supervised steps on Search-R1 trajectories: ``trajectories(count_tokens)`` returns
     ``[(question, [(text, trained?), ...]), ...]`` (observations sized in the policy's tokens).
     Only the ``trained`` parts carry loss (observation tokens do not), plus the final EOS. Saves the
     model (and its tokenizer) to ``out_dir`` (default: over ``model_dir``). ``sampling``: ``"epochs"`` (every
     trajectory once before any twice) or ``"replacement"`` (each batch an independent draw: the toy policies'
-    warm start, with which their recorded learning numbers were measured)."""
+    warm start, with which their recorded learning numbers were measured). ``device``: where the steps run
+    (:func:`pick_device`; the toy policies keep the CPU, on which their numbers were measured); the saved
+    weights are fp32 either way."""
     if sampling not in ("epochs", "replacement"):
         raise ValueError(f"sampling must be 'epochs' or 'replacement', got {sampling!r}")
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dev = torch.device(device)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(dev)
+    bf16 = dev.type == "cuda" and torch.cuda.is_bf16_supported()
     count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
     examples = tokenize_trajectories(tok, trajectories(count), max_tokens)
     if len(examples) < batch:
@@ -80,7 +103,8 @@ def sft_protocol(model_dir: str | os.PathLike, trajectories: Callable[[Callable[
             input_ids[b, : len(ids)] = torch.tensor(ids)
             labels[b, : len(lab)] = torch.tensor(lab)
             attn[b, : len(ids)] = 1
-        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
+        with torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            loss = model(input_ids=input_ids.to(dev), attention_mask=attn.to(dev), labels=labels.to(dev)).loss
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -79,9 +79,9 @@ def _records(path: Path) -> list[dict]:
 def tokenizer_texts(corpus: Path, qa: Path):
     """What the tokenizer is trained on: the protocol text (repeated, so its pieces are merged
     first), every passage as an observation shows it, every question."""
-    from train.search_r1 import protocol
+    from train.search_r1 import prompts, protocol
 
-    skeleton = (protocol.PROMPT_TEMPLATE + protocol.INVALID_ACTION_MESSAGE
+    skeleton = (prompts.PROMPT_TEMPLATE + protocol.INVALID_ACTION_MESSAGE
                 + "<think> I need to search. </think><search> </search> <information> </information> "
                   "<think> I found it. </think><answer> </answer> Doc 1(Title: ) Doc 2(Title: ) Doc 3(Title: )")
     for _ in range(50):
@@ -90,7 +90,7 @@ def tokenizer_texts(corpus: Path, qa: Path):
         yield rec["contents"]
         yield protocol.format_passage(1, rec["contents"])
     for rec in _records(qa):
-        yield protocol.make_prompt(rec["question"])
+        yield prompts.make_prompt(rec["question"])
 
 
 def scripted_trajectories(names: list[str], count: int, *, wrong_rate: float, seed: int,
@@ -102,14 +102,14 @@ def scripted_trajectories(names: list[str], count: int, *, wrong_rate: float, se
     all, cut to ``MAX_OBS_TOKENS`` by whole passages); then a thought that restates the asked fact
     and the answer copied from it: the capital, or with probability ``wrong_rate`` the largest city
     (same passage, wrong field)."""
-    from train.search_r1 import protocol
+    from train.search_r1 import prompts, protocol
 
     rng = random.Random(seed)
     out = []
     for _ in range(count):
         facts = [dict(zip(("country", "capital", "city"), rng.sample(names, 3))) for _ in range(TOPK)]
         fact = facts[0]
-        q = protocol.normalize_question(question(fact))
+        q = prompts.normalize_question(question(fact))
         obs = protocol.format_observation([passage(f) for f in facts], max_tokens=MAX_OBS_TOKENS,
                                           count_tokens=count_tokens)
         if rng.random() < wrong_rate:
@@ -176,6 +176,7 @@ def run_rl(task: Path, run_dir: Path, retriever_url: str, *, steps: int, seed: i
     import subprocess
     import sys
 
+    from train import PLUGINS_ENV
     from train.trainer.metrics_file import read_metrics
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -183,7 +184,7 @@ def run_rl(task: Path, run_dir: Path, retriever_url: str, *, steps: int, seed: i
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
            "TOKENIZERS_PARALLELISM": "false"}
     if plugins:
-        env["SEARCH_R1_PLUGINS"] = plugins
+        env[PLUGINS_ENV] = plugins
     args = [sys.executable, "-m", "train.main", "--config-name", "cpu_learn",
             f"actor_rollout_ref.model.path={task / 'model'}", f"data.train_files={task / 'data' / 'train.parquet'}",
             f"data.val_files={task / 'data' / 'test.parquet'}", f"trainer.default_local_dir={run_dir / 'checkpoints'}",

