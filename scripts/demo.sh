@@ -2,7 +2,7 @@
 # `make demo`: the whole pipeline, offline, on CPU, on a task a tiny policy can learn in minutes
 # (train/learnable.py: invented countries; "What is the capital of X?" is answerable only by searching
 # and copying the capital from the retrieved passage). A learnability check of the pipeline, not the
-# paper's task. About 12 minutes on 2 cores:
+# paper's task. About 9 minutes on a 2-core Intel Xeon, 16 on an AMD EPYC (docs/cpu.md):
 #   1. the task (corpus, questions, parquet) and a deliberately imperfect warm start of a tiny Qwen2
 #      (it searches and copies, but answers the largest city instead of the capital most of the time)
 #   2. a BM25 index of the task's corpus and the retrieval server
@@ -102,7 +102,7 @@ Q=$("$PY" -m train.demo test-question)
 echo "infer.py --model smollm2-135m-instruct \"$Q\":"
 "$PY" infer.py "$Q" --model smollm2-135m-instruct --index runs/index/minilm --max-turns 1 --max-new-tokens 64 \
   --device cpu 2> "$OUT/infer_smollm2.log" || { tail -20 "$OUT/infer_smollm2.log"; exit 1; }
-echo "(untrained, it seldom writes the protocol's tags: docs/real-model.md warm-starts it and trains it with RL)"
+echo "(as released, it seldom writes the protocol's tags; make smollm2 teaches it in minutes: docs/real-model.md)"
 
 echo "== 9. the demo's checks $(elapsed)"
 "$PY" -m train.demo check "$OUT" --steps "$STEPS"
