@@ -334,7 +334,7 @@ def test_every_pointer_finds_what_it_names():
 
 
 def test_the_pointer_check_catches_the_stale_pointers(tmp_path):
-    """The three lines that went stale (issue 47): two pointers to a place that no longer holds the thing,
+    """Three lines that had gone stale: two pointers to a place that no longer holds the thing,
     one statement split over two lines; and their fixed forms pass."""
     stale = tmp_path / "stale.py"
     stale.write_text('"""Configured under ``lld_alarm:`` in the training config (defaults in :class:`AlarmConfig`, '

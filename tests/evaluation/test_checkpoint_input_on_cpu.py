@@ -1,4 +1,4 @@
-"""Issue 47, items 1 and 2 in the evaluator: a training checkpoint (verl's global_step_N, FSDP shards) given
+"""The evaluator's inputs: a training checkpoint (verl's global_step_N, FSDP shards) given
 as the model is merged once into global_step_N/hf and evaluated; a paper row against a retriever that does
 not serve wiki-18 is refused before any question, naming --expect-corpus."""
 

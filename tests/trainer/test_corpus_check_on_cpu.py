@@ -1,4 +1,4 @@
-"""Issue 47, items 1 and 3: what the trainer refuses before Ray starts that it found only in a worker, or
+"""What the trainer refuses before Ray starts that it found only in a worker, or
 never. A paper preset against the bundled 5,148-passage sample (what `bash retrieval_launch.sh` serves by
 default) is refused with the setting that accepts it deliberately; a misspelt reward metric or reward
 setting is refused naming its key."""
