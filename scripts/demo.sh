@@ -2,7 +2,7 @@
 # `make demo`: the whole pipeline, offline, on CPU, on a task a tiny policy can learn in minutes
 # (train/learnable.py: invented countries; "What is the capital of X?" is answerable only by searching
 # and copying the capital from the retrieved passage). A learnability check of the pipeline, not the
-# paper's task. About 9 minutes on a 2-core Intel Xeon, 16 on an AMD EPYC (docs/cpu.md):
+# paper's task. About 9 minutes on a 2-core Intel Xeon, 13 on an AMD EPYC (docs/cpu.md):
 #   1. the task (corpus, questions, parquet) and a deliberately imperfect warm start of a tiny Qwen2
 #      (it searches and copies, but answers the largest city instead of the capital most of the time)
 #   2. a BM25 index of the task's corpus and the retrieval server
