@@ -20,8 +20,9 @@ import sys
 
 from retrieval.corpus import CorpusError
 from retrieval.errors import UserError, exit_on_error
+from retrieval.flags import add_flags, from_args
 from retrieval.folder import BuildError
-from retrieval.settings import BuildSettings, add_flags, from_args
+from retrieval.settings import BuildSettings
 
 
 def parser() -> argparse.ArgumentParser:

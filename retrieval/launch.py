@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from retrieval.errors import UserError, exit_on_error
+from retrieval.flags import to_argv
 from retrieval.kinds import KINDS
-from retrieval.settings import BuildSettings, LoadConfig, ServeConfig, ServerConfig, to_argv
+from retrieval.settings import BuildSettings, LoadConfig, ServeConfig, ServerConfig
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ import sys
 from typing import Optional
 
 from retrieval.errors import UserError, exit_on_error
-from retrieval.settings import LoadConfig, ServeConfig, ServerConfig, add_flags, from_args
+from retrieval.flags import add_flags, from_args
+from retrieval.settings import LoadConfig, ServeConfig, ServerConfig
 
 Configs = tuple[LoadConfig, ServerConfig, ServeConfig]
 

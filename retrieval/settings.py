@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from retrieval.client import MAX_QUERY_CHARS  # the server's default limit (the agent loop caps queries to it)
-from retrieval.flags import MIB, add_flags, flag_of, from_args, opt, shown, to_argv  # noqa: F401  (re-exported)
+from retrieval.flags import MIB, flag_of, opt, shown
 from retrieval.folder import BuildOptions
 
 

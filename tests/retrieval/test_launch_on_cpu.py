@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from retrieval import launch, server
-from retrieval.settings import BuildSettings, LoadConfig, ServeConfig, ServerConfig, from_args, to_argv
+from retrieval.flags import from_args, to_argv
+from retrieval.settings import BuildSettings, LoadConfig, ServeConfig, ServerConfig
 
 
 def test_flags_derived_from_an_object_make_the_same_object():

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from retrieval import server
-from retrieval.settings import MIB, LoadConfig, ServeConfig, ServerConfig, flag_of
+from retrieval.flags import MIB, flag_of
+from retrieval.settings import LoadConfig, ServeConfig, ServerConfig
 
 CLASSES = (LoadConfig, ServerConfig, ServeConfig)
 

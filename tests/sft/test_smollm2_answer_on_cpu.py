@@ -1,9 +1,13 @@
 """`make smollm2` (scripts/smollm2_answer.sh): the question it asks is held out, and its check of infer.py's
 printout (scripts/heldout_answer.py) passes a correct, searched answer only. The command itself, a
-warm start of a few minutes, runs in CI as typed (.ci/run); these tests are its fast half."""
+warm start of a few minutes, runs in CI as its quick twin (`STEPS=5 CHECK=tags make smollm2`, .ci/run); these
+tests are its fast half."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -85,3 +89,17 @@ def test_the_check_reads_a_printout_file_and_exits_1_when_wrong(heldout, tmp_pat
     assert heldout.main(["check", qid, str(bad)]) == 1
     assert heldout.main(["tags", qid, str(bad)]) == 0
     assert heldout.main(["check", qid, str(tmp_path / "missing.txt")]) == 2
+
+
+@pytest.mark.parametrize("env, says", [({"STEPS": "ten"}, "STEPS must be an integer >= 1, got 'ten'"),
+                                       ({"STEPS": "0"}, "STEPS must be an integer >= 1"),
+                                       ({"CHECK": "bogus"}, "CHECK must be answer or tags, got 'bogus'"),
+                                       ({"QID": "no_such_id"}, "'no_such_id' is not a held-out question")])
+def test_a_bad_setting_exits_2_before_any_work(env, says, tmp_path):
+    """A bad STEPS, CHECK or QID is refused at once, naming it, and nothing is written."""
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHON": sys.executable, "OUT": str(out), **env})
+    assert r.returncode == 2, (r.returncode, r.stdout[-1000:], r.stderr[-1000:])
+    assert says in r.stderr, r.stderr[-1000:]
+    assert not out.exists() and "== 1." not in r.stdout
