@@ -17,6 +17,7 @@ The penalty on a preserved token that passes the gate is ``w * max(0, d)``, else
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -113,7 +114,14 @@ RATIOS = {
     "gated_action_frac": ("gated_actions", "n_actions"),
     "gated_response_frac": ("gated_responses", "n_responses"),
     "logp_pos_answer": ("logp_pos_answer_sum", "logp_pos_answer_n"),
+    # SAPO's "importance sampling drift" (arXiv 2603.10069): the share of preserved tokens whose ratio
+    # pi/pi_old fell below RATIO_LOW; PPO's clip never acts on a falling ratio when A >= 0, so
+    # pg_clipfrac does not see it. 0 in a step's first mini-batch (on-policy: ratio 1).
+    "ratio_low_share": ("ratio_low_n", "ratio_n"),
 }
+
+#: The ratio below which a preserved token counts as drifting (``ratio_low_share``).
+RATIO_LOW = 0.5
 
 
 def stat_keys(positions: int) -> list[str]:
@@ -167,7 +175,8 @@ def llds_stats(
               torch.where(negative, d, 0.0).nansum(), negative.sum(),
               gated_run[1:].sum(), starts.sum(),
               (open_.any(dim=-1) & rows).sum(), rows.sum(),
-              torch.where(ans, lp, 0.0).nansum(), ans.sum()]
+              torch.where(ans, lp, 0.0).nansum(), ans.sum(),
+              (preserved & (-d < math.log(RATIO_LOW))).sum(), preserved.sum()]
 
     # Action position within its row: 1 for the first run, 2 for the second..., capped at `positions`.
     pos_ids = action_ids(positive)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from train.search_r1.metrics import search_metrics
+from train.search_r1.metrics import behaviour_metrics, search_metrics
 from train.trainer.sigterm import StopAfterSave, stop_requested
 
 
@@ -23,6 +23,8 @@ class SearchR1Trainer(RayPPOTrainer):
         metrics = out.meta_info.setdefault("metrics", {})
         finish_llds_metrics(metrics)
         metrics.update(search_metrics(batch))
+        metrics.update(behaviour_metrics(batch))
+        metrics.update({k: [v] for k, v in self._probe_displacement(batch).items()})
         if not hasattr(self, "_collapse_monitor"):
             cfg = OmegaConf.to_container(self.config.get("lld_alarm") or {}, resolve=True)
             self._collapse_monitor = CollapseMonitor(AlarmConfig.from_dict(cfg))
@@ -31,6 +33,24 @@ class SearchR1Trainer(RayPPOTrainer):
             print(f"WARNING: {message}", flush=True)
         metrics.update({k: [v] for k, v in alarm.items()})
         return out
+
+    def _probe_displacement(self, batch) -> dict[str, float]:
+        """The fixed probe's likelihood after this step's update (:mod:`train.trainer.probe`)."""
+        from train.trainer import probe
+
+        if not hasattr(self, "_probe"):
+            rows = int((self.config.get("collapse_warning") or {}).get("probe_rows", 8))
+            self._probe = probe.DisplacementProbe(rows, self.actor_rollout_wg.world_size)
+        self._probe.collect(batch)
+        if not self._probe.full:
+            return probe.empty()
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+        td = left_right_2_no_padding(self._probe.batch().to_tensordict())  # as verl's log-prob passes do
+        tu.assign_non_tensor(td, calculate_entropy=False, compute_loss=False)
+        output = self.actor_rollout_wg.compute_log_prob(td)
+        return self._probe.score(no_padding_2_padding(tu.get(output, "log_probs"), td))
 
     def _update_actor(self, batch):
         out = self._update_actor_with_metrics(batch)
