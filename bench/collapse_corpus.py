@@ -1,6 +1,6 @@
 """The collapse corpus: labelled training runs that collapse and runs that don't, for the collapse warning.
 
-    python bench/collapse_corpus.py                              # every variant x seeds 0-4, 16 steps
+    python bench/collapse_corpus.py                              # ORDER's variants x seeds 0-4, 16 steps
     python bench/collapse_corpus.py --variants grpo_bf16 --seeds 5 6 7
     python -m train.collapse replay bench/collapse_corpus        # score the detectors on it
 
@@ -43,11 +43,18 @@ VARIANTS = {
     "grpo_lr5_nokl": (GRPO + ["actor_rollout_ref.actor.optim.lr=2.5e-3",
                               "actor_rollout_ref.actor.use_kl_loss=false"], None, False),
     "grpo_updates8": (GRPO + ["actor_rollout_ref.actor.ppo_mini_batch_size=1"], None, False),
+    "grpo_updates4": (GRPO + ["actor_rollout_ref.actor.ppo_mini_batch_size=2"], None, False),
+    "grpo_lr2_nokl": (GRPO + ["actor_rollout_ref.actor.optim.lr=1.0e-3",
+                              "actor_rollout_ref.actor.use_kl_loss=false"], None, False),
+    "llds_updates8": (["actor_rollout_ref.actor.ppo_mini_batch_size=1"], None, False),
     "fault_flipped": (GRPO + ["actor_rollout_ref.actor.policy_loss.loss_mode=sabotage_flipped"], SABOTAGE, True),
 }
 #: the order runs are taken in: every variant of a seed before the next seed, so an interrupted
 #: generation leaves a balanced corpus
-ORDER = ["grpo_bf16", "llds", "grpo_lr5_nokl", "grpo", "grpo_updates8", "fault_flipped", "llds_bf16"]
+ORDER = ["grpo_bf16", "llds", "grpo_updates4", "grpo_lr2_nokl", "grpo", "grpo_updates8", "grpo_lr5_nokl",
+         "fault_flipped"]
+#: further variants (``--variants``): LLDS in the knobs that collapse GRPO
+MORE = ["llds_bf16", "llds_updates8"]
 
 
 def run_file(out: Path, variant: str, seed: int) -> Path:
