@@ -11,7 +11,7 @@ import sys
 KEYS = [("critic/score/mean", "reward"), ("val_em", "val_EM"), ("search_r1/searches", "searches"),
         ("search_r1/answered", "answered"), ("response_length/mean", "resp_len"),
         ("actor/llds/penalty", "llds_pen"), ("actor/llds/gated_action_frac", "gated_act"),
-        ("actor/llds/logp_pos", "logp_pos"), ("search_r1/lld_alarm", "alarm"),
+        ("actor/llds/logp_pos", "logp_pos"), ("search_r1/warning", "warning"),
         ("actor/pg_loss", "pg_loss"), ("actor/entropy", "entropy"), ("actor/grad_norm", "grad_norm")]
 WINDOW = 3  # steps averaged at each end of the run for the rise
 NUM = re.compile(r"^(?:np\.\w+\()?(-?[0-9.]+(?:e-?[0-9]+)?)\)?$")
@@ -46,12 +46,16 @@ def parse(path):
 
 
 def live(lines, total=None, out=sys.stdout, clock=None):
-    """Follow a training log: one line per step as it is logged (reward, searches, LLDS, elapsed)."""
+    """Follow a training log: one line per step as it is logged (reward, searches, LLDS, the collapse warning,
+    elapsed), and the trainer's collapse-warning lines."""
     import time
 
     clock = clock or time.monotonic
     start = clock()
     for line in lines:
+        if "collapse warning:" in line:  # why a step is at WATCH or ALARM (train/trainer/ray_trainer.py)
+            print(line[line.index("collapse warning:"):].rstrip(), file=out, flush=True)
+            continue
         fields = parse_line(line)
         if not fields or "critic/score/mean" not in fields:
             continue
@@ -62,8 +66,9 @@ def live(lines, total=None, out=sys.stdout, clock=None):
                                ("actor/llds/gated_action_frac", "gated", ".2f"), ("val_em", "val EM", ".2f")):
             if key in fields:
                 parts.append(f"{name} {fields[key]:{fmt}}")
-        if fields.get("search_r1/lld_alarm"):
-            parts.append("LLD ALARM")
+        level = fields.get("search_r1/warning", 0)
+        if level:  # the trainer's own "collapse warning: ..." line above names the signals
+            parts.append("COLLAPSE ALARM" if level >= 2 else "watch")
         parts.append(f"elapsed {s // 60}m{s % 60:02d}s")
         print("  ".join(parts), file=out, flush=True)
 

@@ -32,7 +32,7 @@ from train.trainer import preflight
 from train.trainer.config_checks import check_config
 
 ROOT = Path(__file__).resolve().parent.parent
-PRESETS = ["grpo", "grpo_llds", "grpo_llds_r", "grpo_llds_ma", "ppo"]
+PRESETS = ["grpo", "grpo_llds", "grpo_llds_r", "grpo_llds_ma", "grpo_drift", "ppo"]
 
 
 def load(name, model, overrides=()):

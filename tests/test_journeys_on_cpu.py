@@ -142,9 +142,10 @@ def test_retrieval_launch_serves_lucene_beside_bm25s(journey, corpus_path, qa_pa
         proc.wait(timeout=30)
 
 
-#: the launchers run for a step here; train_grpo.sh runs as reproduce_paper.sh runs it (run_preset grpo, below)
-#: and train_llds_r.sh is train_llds.sh's body with its own preset (tests/test_shell_scripts_on_cpu.py)
-@pytest.mark.parametrize("launcher,preset", [("train_llds.sh", "grpo_llds"), ("train_llds_ma.sh", "grpo_llds_ma"),
+#: the launchers run for a step here; train_grpo.sh runs as reproduce_paper.sh runs it (run_preset grpo, below),
+#: and train_llds.sh and train_llds_r.sh are this same body with their own presets (tests/test_shell_scripts_on_cpu.py),
+#: whose LLDS-A gate grpo_llds_ma and gspo_llds run here
+@pytest.mark.parametrize("launcher,preset", [("train_drift.sh", "grpo_drift"), ("train_llds_ma.sh", "grpo_llds_ma"),
                                              ("train_gspo_llds.sh", "gspo_llds")])
 def test_every_train_launcher_runs_a_step(journey, launcher, preset):
     from step_metrics import parse
@@ -158,7 +159,9 @@ def test_every_train_launcher_runs_a_step(journey, launcher, preset):
     steps = parse(log)
     assert 1 in steps and "critic/score/mean" in steps[1] and "actor/pg_loss" in steps[1], sorted(steps)
     assert "val-core/nq/reward/mean@1" in steps[0]  # the preset's validation before training
-    if preset != "grpo":
+    if preset == "grpo_drift":  # SAPO's drift penalty in the loss (0 in a step's first update), no LLDS
+        assert "actor/drift/penalty" in steps[1] and "actor/llds/lambda" not in steps[1], sorted(steps[1])
+    else:
         assert steps[1]["actor/llds/lambda"] > 0
     assert checkpoint_store.problems(str(ckpt / "global_step_1")) == []  # the last step is saved, complete
     assert (ckpt / "metrics.jsonl").is_file()  # the presets' metrics file, beside the checkpoints

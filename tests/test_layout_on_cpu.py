@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "train"
 
 #: The import order: a module may import its own package and anything of a lower level, never higher.
-LEVELS = {"errors": 0, "files": 0, "models": 0, "search_r1": 1, "llds": 1, "workers": 2, "cpu": 3, "inference": 3,
-          "plugin": 4, "sft": 4, "trainer": 5, "evaluation": 6, "toy": 6,
+LEVELS = {"errors": 0, "files": 0, "models": 0, "search_r1": 1, "llds": 1, "monitor": 1, "workers": 2, "cpu": 3,
+          "inference": 3, "plugin": 4, "sft": 4, "trainer": 5, "evaluation": 6, "toy": 6,
           "gpucheck": 6}
 COMMAND_LEVEL = 7
 #: Files directly in train/ that are not commands.
@@ -27,7 +27,7 @@ NOT_COMMANDS = {"__init__", "plugin", "errors", "files"}
 #: and light work start in well under a second).
 LIGHT_COMMANDS = ["data_prep", "geometry", "checkpoints", "rehearsal", "settings", "paper_runs", "plot",
                   "evaluate", "tiny", "learnable", "demo", "cluster_check", "infer", "get_model", "warm_start",
-                  "gpu_check"]
+                  "gpu_check", "collapse"]
 HEAVY = ("verl", "torch", "ray", "transformers", "flask")
 MAX_LINES = 380
 #: __init__.py files that hold code, and why (every other one is a docstring, a map of its package).

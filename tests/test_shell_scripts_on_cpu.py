@@ -156,16 +156,17 @@ def test_every_snippet_that_imports_the_project_is_accounted_for():
 
 #: scripts/train_<name>.sh -> the preset it runs; the body is the same for each, with an optional MODEL default
 LAUNCHERS = {"train_grpo.sh": "grpo", "train_llds.sh": "grpo_llds", "train_llds_r.sh": "grpo_llds_r",
-             "train_llds_ma.sh": "grpo_llds_ma", "train_gspo_llds.sh": "gspo_llds", "train_ppo.sh": "ppo"}
+             "train_llds_ma.sh": "grpo_llds_ma", "train_gspo_llds.sh": "gspo_llds", "train_ppo.sh": "ppo",
+             "train_drift.sh": "grpo_drift"}
 
 
 def test_every_launcher_is_the_shared_body_with_its_own_preset():
-    """The journeys run train_llds.sh, train_llds_ma.sh, train_gspo_llds.sh and train_ppo.sh for a step and
+    """The journeys run train_drift.sh, train_llds_ma.sh, train_gspo_llds.sh and train_ppo.sh for a step and
     reproduce_paper.sh's ``run_preset grpo`` end to end; the other launchers are that same body, so this
     is what keeps them runnable: nothing but the body, an optional MODEL default, and their own preset."""
     from train.settings import PRESETS
 
-    assert set(LAUNCHERS.values()) == set(PRESETS)
+    assert set(LAUNCHERS.values()) == set(PRESETS) | {"grpo_drift"}  # the paper's presets and SAPO's
     assert {p.name for p in (ROOT / "scripts").glob("train_*.sh")} == set(LAUNCHERS)
     body = ["set -euo pipefail", 'cd "$(dirname "$0")/.."', "source scripts/_common.sh"]
     for name, preset in LAUNCHERS.items():

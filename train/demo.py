@@ -8,7 +8,7 @@
 
 ``check`` reads what the demo wrote in DEMO_DIR (``learn/metrics.jsonl``, ``learn/plots/``,
 ``eval_before.jsonl``, ``eval_after.jsonl``) and passes when the reward rose, held-out EM rose, the run
-resumed and the plots exist (train/toy/demo_checks.py says by how much).
+resumed, the plots exist and the collapse warning raised no alarm (train/toy/demo_checks.py says by how much).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 Library code raises these; the commands (``train/*.py``, ``infer.py``) catch :class:`UserError` in
 :func:`exit_on_error` and print ``error: <message>`` to stderr, exiting with the class's ``exit_code``:
 2 bad input, 3 the retriever failed (results written so far are kept, a rerun of the same command goes
-on), 4 an inference engine died (the same).
+on), 4 an inference engine died (the same), 5 the collapse warning stopped a training run.
 
 No verl, torch or Flask import here: every module may import it.
 """
@@ -48,3 +48,14 @@ class EngineDead(UserError, RuntimeError):
     """The engine can answer no more questions (vLLM's EngineCore died: an out-of-memory, a GPU fault)."""
 
     exit_code = ENGINE_DIED
+
+
+#: ``python -m train.main``'s exit status when ``collapse_warning.action=stop`` ended the run
+COLLAPSE_STOPPED = 5
+
+
+class CollapseStopped(UserError, RuntimeError):
+    """The collapse warning raised its alarm and ``collapse_warning.action`` is ``stop``: the step was saved,
+    the run ended (the message names the signals and the checkpoint)."""
+
+    exit_code = COLLAPSE_STOPPED

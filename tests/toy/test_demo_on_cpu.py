@@ -17,7 +17,7 @@ from train.toy import demo_checks as checks
 
 
 def write_run(demo_dir: Path, rewards: list[float], *, resumed: bool = True, before=(0, 0, 1), after=(1, 1, 1),
-              plots: bool = True) -> Path:
+              plots: bool = True, alarm_at=(), watch_at=(3,)) -> Path:
     """A demo's output folder as scripts/demo.sh leaves it: metrics (steps 1..N, + N+1 if resumed), the two
     evaluation files, and the plots (drawn by python -m train.plot from those metrics)."""
     run = demo_dir / "learn"
@@ -26,8 +26,11 @@ def write_run(demo_dir: Path, rewards: list[float], *, resumed: bool = True, bef
     with open(run / "metrics.jsonl", "w") as f:
         f.write(json.dumps({"step": 0, "data": {"val-core/facts/reward/mean@1": 0.0}}) + "\n")
         for s, r in steps:
+            level = 2.0 if s in alarm_at else 1.0 if s in watch_at else 0.0
             f.write(json.dumps({"step": s, "data": {"critic/score/mean": r, "search_r1/searches": 1.0,
-                                                    "actor/llds/penalty": 0.01}}) + "\n")
+                                                    "actor/llds/penalty": 0.01, "search_r1/warning": level,
+                                                    "search_r1/signal/probe": 0.1 * level,
+                                                    "search_r1/signal_level/probe": level}}) + "\n")
     for name, ems in (("eval_before.jsonl", before), ("eval_after.jsonl", after)):
         with open(demo_dir / name, "w") as f:
             for i, em in enumerate(ems):
@@ -50,8 +53,9 @@ def test_check_passes_a_demo_that_learned(tmp_path, capsys):
     assert "ok    reward rose: mean of the first 3 steps 0.267, of the last 3 0.733 (+0.467" in out
     assert "ok    held-out EM rose: warm start 0.333 -> after RL 1.000 (3 questions" in out
     assert "ok    resumed: steps 1-8 and, after resuming from the step-8 checkpoint, step 9" in out
-    assert "ok    plots written: reward.png, search.png, llds.png, lld.png" in out
-    assert "demo passed: all 4 checks" in out
+    assert "ok    plots written: reward.png, search.png, llds.png, lld.png, warning.png" in out
+    assert "ok    no collapse alarm: 9 steps, no ALARM (WATCH at steps [3])" in out
+    assert "demo passed: all 5 checks" in out
 
 
 @pytest.mark.parametrize("case, kwargs, failed", [
@@ -63,6 +67,7 @@ def test_check_passes_a_demo_that_learned(tmp_path, capsys):
     ("other questions", {"after": (1, 1)}, "held-out EM rose"),
     ("no resume", {"resumed": False}, "resumed"),
     ("no plots", {"plots": False}, "plots written"),
+    ("a false alarm", {"alarm_at": (5,)}, "no collapse alarm"),
 ])
 def test_check_fails_naming_what_did_not_happen(tmp_path, capsys, case, kwargs, failed):
     kwargs.setdefault("rewards", RISING)

@@ -44,6 +44,7 @@ def test_grpo_llds_raises_the_reward(learn_run):
     assert sum(searches[-3:]) / 3 >= MIN_LAST_SEARCHES, f"it stopped searching; {table}"
     for s in train_steps:
         m = steps[s]
-        assert "search_r1/lld_alarm" in m and "actor/llds/logp_pos_answer" in m and "actor/llds/penalty" in m
+        assert "search_r1/warning" in m and "search_r1/signal/probe" in m
+        assert "actor/llds/logp_pos_answer" in m and "actor/llds/penalty" in m
         assert m["actor/kl_loss"] >= 0
     assert sum("actor/llds/logp_pos" in steps[s] for s in train_steps) >= STEPS - 1  # NaN: no positive token

@@ -46,17 +46,24 @@ def test_preset_values():
     assert g.actor_rollout_ref.actor.policy_loss.loss_mode == "gspo" and g.llds.gate == "action"
 
 
-def test_smollm2_presets_differ_only_in_llds():
-    """The two SmolLM2 presets run the same questions, model, sizes and seeds; LLDS is the one difference."""
+def test_smollm2_presets_differ_only_in_the_method():
+    """The three SmolLM2 presets run the same questions, model, sizes and seeds; the method (LLDS, SAPO's
+    drift penalty) is the one difference."""
     from omegaconf import OmegaConf
 
-    a, b = (OmegaConf.to_container(load(n), resolve=True) for n in ("smollm2_grpo", "smollm2_grpo_llds"))
-    assert (a["llds"]["enable"], b["llds"]["enable"]) == (False, True) and b["llds"]["lambda"] == 0.2
-    for c in (a, b):
-        c.pop("llds"), c["trainer"].pop("experiment_name"), c["trainer"].pop("default_local_dir")
-        c["actor_rollout_ref"]["rollout"]["trace"].pop("experiment_name")
-    assert a == b
+    a, b, c = (OmegaConf.to_container(load(n), resolve=True)
+               for n in ("smollm2_grpo", "smollm2_grpo_llds", "smollm2_grpo_drift"))
+    assert (a["llds"]["enable"], b["llds"]["enable"], c["llds"]["enable"]) == (False, True, False)
+    assert b["llds"]["lambda"] == 0.2
+    assert (a["drift_penalty"]["enable"], b["drift_penalty"]["enable"], c["drift_penalty"]["enable"]) == \
+        (False, False, True)
+    for x in (a, b, c):
+        x.pop("llds"), x.pop("drift_penalty")
+        x["trainer"].pop("experiment_name"), x["trainer"].pop("default_local_dir")
+        x["actor_rollout_ref"]["rollout"]["trace"].pop("experiment_name")
+    assert a == b == c
     check_config(load("smollm2_grpo_llds"))
+    check_config(load("smollm2_grpo_drift"))
     assert load("smollm2_grpo").data.train_files.endswith("train.parquet")
 
 
@@ -69,9 +76,13 @@ def test_bad_values_are_named():
         check_config(load("grpo", ["+search_r1.top_k=3"]))
     with pytest.raises(ValueError, match="use_v1"):
         check_config(load("grpo", ["trainer.use_v1=true"]))
+    with pytest.raises(ValueError, match="drift_penalty.enable needs >= 2 optimizer updates"):
+        check_config(load("grpo_drift", ["actor_rollout_ref.actor.ppo_mini_batch_size=520"]))
+    with pytest.raises(ValueError, match="drift_penalty.threshold"):
+        check_config(load("grpo_drift", ["drift_penalty.threshold=0"]))
 
 
-CPU_PRESETS = ["cpu_smoke", "cpu_learn", "smollm2_grpo", "smollm2_grpo_llds"]
+CPU_PRESETS = ["cpu_smoke", "cpu_learn", "smollm2_grpo", "smollm2_grpo_llds", "smollm2_grpo_drift"]
 
 
 @pytest.mark.parametrize("name,dtype", [*[(p, "bf16") for p in PRESETS], *[(p, "fp32") for p in CPU_PRESETS]])

@@ -38,11 +38,11 @@ def test_expectations_parse():
 def test_the_presets_expect_their_corpus():
     """The paper's presets expect wiki-18; the CPU presets (and so the launchers' rehearsal) check nothing;
     SmolLM2's expect the bundled sample its retriever serves."""
-    for preset in ("grpo", "grpo_llds", "grpo_llds_r", "grpo_llds_ma", "gspo_llds", "ppo"):
+    for preset in ("grpo", "grpo_llds", "grpo_llds_r", "grpo_llds_ma", "grpo_drift", "gspo_llds", "ppo"):
         assert load(preset).search_r1.expect_corpus == "wiki18", preset
     for preset in ("cpu_smoke", "cpu_learn"):
         assert load(preset).search_r1.expect_corpus == "any", preset
-    for preset in ("smollm2_grpo", "smollm2_grpo_llds"):
+    for preset in ("smollm2_grpo", "smollm2_grpo_llds", "smollm2_grpo_drift"):
         assert load(preset).search_r1.expect_corpus == "sample", preset
     assert load("grpo_llds", ["+rehearsal=cpu"]).search_r1.expect_corpus == "any"
 
@@ -92,7 +92,10 @@ def test_a_paper_preset_against_the_sample_stops_before_ray(bm25_server, tmp_pat
     ("+reward.custom_reward_function.reward_kwargs.format_score=maybe",
      "reward.custom_reward_function.reward_kwargs.format_score must be true or false"),
     ("+llds.lamda=0.3", "unknown llds config keys: ['lamda']"),
-    ("+lld_alarm.falling=3", "lld_alarm: unknown keys ['falling']"),
+    ("+collapse_warning.falling=3", "collapse_warning: unknown keys ['falling']"),
+    ("collapse_warning.action=rollback", "collapse_warning.action must be one of warn, stop"),
+    ("+collapse_warning.levels.probe=[0.5,0.1]", "signal probe: watch 0.5 must be <= alarm 0.1"),
+    ("+lld_alarm.enable=true", "lld_alarm: replaced by collapse_warning"),
     ("checkpoints.keep_last=-x", "checkpoints.keep_last"),
     ("search_r1.expect_corpus=wiki", "search_r1.expect_corpus: expected a corpus name"),
 ])

@@ -138,16 +138,18 @@ def test_the_demo_prints_each_step_as_it_is_trained():
 
     log = ["(TaskRunner pid=1) Training Progress:   0%|",
            "(TaskRunner pid=1) step:1 - critic/score/mean:0.203 - search_r1/searches:1.0 - actor/llds/penalty:0.0012"
-           " - actor/llds/gated_action_frac:0.31 - search_r1/lld_alarm:0.0",
+           " - actor/llds/gated_action_frac:0.31 - search_r1/warning:0.0",
            "some other line",
+           "(TaskRunner pid=1) collapse warning: ALARM at step 2: probe 0.42, ratio 0.031 (thresholds: ...)",
            "(TaskRunner pid=1) step:2 - critic/score/mean:np.float64(0.5) - search_r1/searches:0.97 - "
-           "val-core/nq/reward/mean@1:0.8 - val-core/hotpotqa/reward/mean@1:0.6 - search_r1/lld_alarm:1.0"]
+           "val-core/nq/reward/mean@1:0.8 - val-core/hotpotqa/reward/mean@1:0.6 - search_r1/warning:2.0"]
     ticks = iter([0.0, 61.0, 125.0])
     out = io.StringIO()
     live(iter(log), total=30, out=out, clock=lambda: next(ticks))
     assert out.getvalue().splitlines() == [
         "step 1/30  reward 0.20  searches 1.00  LLDS penalty 0.0012  gated 0.31  elapsed 1m01s",
-        "step 2/30  reward 0.50  searches 0.97  val EM 0.70  LLD ALARM  elapsed 2m05s"]
+        "collapse warning: ALARM at step 2: probe 0.42, ratio 0.031 (thresholds: ...)",
+        "step 2/30  reward 0.50  searches 0.97  val EM 0.70  COLLAPSE ALARM  elapsed 2m05s"]
     demo = (ROOT / "scripts" / "demo.sh").read_text()
     assert 'tee "$RUN/train.log"' in demo and "step_metrics.py --live" in demo
 

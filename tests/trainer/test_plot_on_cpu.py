@@ -8,7 +8,7 @@ import pytest
 from train import plot
 
 
-def write_run(path, steps=12, alarm_at=(9,), seed=0.0):
+def write_run(path, steps=12, alarm_at=(9,), seed=0.0, watch_at=(6,)):
     path.mkdir(parents=True, exist_ok=True)
     with open(path / "metrics.jsonl", "w") as f:
         f.write(json.dumps({"step": 0, "data": {"val-core/facts/reward/mean@1": 0.1}}) + "\n")
@@ -19,7 +19,10 @@ def write_run(path, steps=12, alarm_at=(9,), seed=0.0):
                     "actor/llds/gated_response_frac": 0.5, "actor/llds/logp_pos_a1": -0.5 + 0.02 * s,
                     "actor/llds/logp_pos_a2": -0.9 + 0.03 * s, "actor/llds/logp_pos_a3": 0.0,
                     "actor/llds/logp_pos_answer": -1.2 + 0.05 * s, "actor/llds/logp_pos": -0.8 + 0.03 * s,
-                    "search_r1/lld_alarm": float(s in alarm_at),
+                    "search_r1/warning": 2.0 if s in alarm_at else 1.0 if s in watch_at else 0.0,
+                    "search_r1/signal/probe": 0.05 * s, "search_r1/signal/format": 0.0,
+                    "search_r1/signal_level/probe": 2.0 if s in alarm_at else 0.0,
+                    "search_r1/signal_level/format": 1.0 if s in watch_at else 0.0,
                     "training/global_step": s, "some/text": "not a number"}
             f.write(json.dumps({"step": s, "data": data}) + "\n")
             if s % 5 == 0:
@@ -54,7 +57,7 @@ def test_writes_the_pngs_with_the_listed_series(tmp_path, monkeypatch):
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
     run = write_run(tmp_path / "run")
     paths = plot.plot_runs([plot.read_metrics(run)], ["run"], run / "plots")
-    assert [p.name for p in paths] == ["reward.png", "search.png", "llds.png", "lld.png"]
+    assert [p.name for p in paths] == ["reward.png", "search.png", "llds.png", "lld.png", "warning.png"]
     for p in paths:
         assert p.stat().st_size > 10_000 and p.read_bytes()[:4] == b"\x89PNG"
     assert drawn["reward.png"]["training reward per step"] == ["reward (mean over trajectories)"]
@@ -62,9 +65,14 @@ def test_writes_the_pngs_with_the_listed_series(tmp_path, monkeypatch):
     assert "searches / trajectory" in drawn["search.png"]["searches and answers"]
     assert drawn["llds.png"]["LLDS gate"] == ["actions gated open", "responses gated open"]
     lld = next(v for k, v in drawn["lld.png"].items() if k.startswith("LLD diagnostic"))
-    # a3 is all zeros (no third action in this run): left out; the alarm step is marked
+    # a3 is all zeros (no third action in this run): left out; the WATCH and ALARM steps are marked apart
     labels = [x for x in lld if not x.startswith("_")]
-    assert labels == ["action 1", "action 2", "answer span", "collapse alarm"]
+    assert labels == ["action 1", "action 2", "answer span", "WATCH", "ALARM"]
+    likelihood = drawn["warning.png"]["collapse warning: likelihood and update signals"]
+    assert [x for x in likelihood if not x.startswith("_")] == ["probe", "WATCH", "ALARM"]
+    from train.trainer.plots import warning_steps
+
+    assert warning_steps(plot.read_metrics(run)) == [(6, 1, ["format"]), (9, 2, ["probe"])]
     assert all(label for label in drawn["lld.png"]["_ylabels"])
     plt.close("all")
 
@@ -73,7 +81,8 @@ def test_compare_two_runs_cli(tmp_path, capsys):
     a, b = write_run(tmp_path / "on"), write_run(tmp_path / "off", alarm_at=(), seed=-0.1)
     plot.main([str(a), str(b), "--labels", "LLDS on", "LLDS off", "--out", str(tmp_path / "cmp")])
     printed = capsys.readouterr().out.split()
-    assert printed == [str(tmp_path / "cmp" / n) for n in ("reward.png", "search.png", "llds.png", "lld.png")]
+    assert printed == [str(tmp_path / "cmp" / n) for n in ("reward.png", "search.png", "llds.png", "lld.png",
+                                                           "warning.png")]
 
 
 def test_errors_name_the_file_and_line(tmp_path, capsys):

@@ -2,5 +2,5 @@
 
 - ``penalty``  the penalty math, pure torch (no verl import)
 - ``loss``     the actor loss: verl's policy loss plus the penalty, installed with ``set_loss_fn``
-- ``alarm``    the collapse alarm over the LLD diagnostics of each step
+- ``drift``    SAPO's drift penalty (arXiv 2603.10069), the rival fix, pure torch
 """

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import torch
 
+from train.llds.drift import DriftConfig, drift_penalty
 from train.llds.penalty import GATES, adaptive_answer_weight, llds_penalty_and_gate, llds_stats, stats_ratios
 
 #: Prefix of the raw diagnostic sums and counts the loss emits (SUM-aggregated, the same keys on every
@@ -86,7 +87,22 @@ def llds_term(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: to
     return cfg.lam * penalty.sum() / n * dp_size, open_
 
 
-def llds_ppo_loss(config, model_output, data, dp_group=None, *, llds: LLDSConfig, positions: int = 4):
+def drift_term(old_log_prob, log_prob, advantages, response_mask, cfg: DriftConfig, dp_size: int = 1,
+               batch_num_tokens: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """SAPO's drift penalty (:mod:`train.llds.drift`) on one micro-batch, normalised so that the
+    micro-batches and ranks of a mini-batch add up to its mean over the non-negative-advantage tokens:
+    ``w * sum / (N * share) * dp_size`` with N verl's global token count and ``share`` this
+    micro-batch's share of A >= 0 tokens (exact when the shares agree; on one micro-batch, the plain mean)."""
+    term, n_pen, n_counted = drift_penalty(old_log_prob, log_prob, advantages, response_mask,
+                                           threshold=cfg.threshold, weight=cfg.weight)
+    if batch_num_tokens is None or not int(n_counted):
+        return term, n_pen
+    share = n_counted / (response_mask > 0).sum().clamp(min=1)
+    return term * n_counted / (batch_num_tokens * share) * dp_size, n_pen
+
+
+def llds_ppo_loss(config, model_output, data, dp_group=None, *, llds: LLDSConfig, positions: int = 4,
+                  drift: Optional[DriftConfig] = None):
     """Signature of verl's loss functions: ``(config, model_output, data, dp_group)``."""
     from verl.utils.metric import AggregationType, Metric
     from verl.workers.utils.losses import ppo_loss
@@ -117,8 +133,15 @@ def llds_ppo_loss(config, model_output, data, dp_group=None, *, llds: LLDSConfig
     stats = llds_stats(old_log_prob, log_prob.detach(), advantages, response_mask, gate=llds.gate,
                        answer_mask=answer_mask, open_gate=open_, positions=positions)
     metrics.update(Metric.from_dict({RAW + k: v for k, v in stats.items()}, aggregation=AggregationType.SUM))
+    if drift is not None and drift.enable:
+        dterm, n_pen = drift_term(old_log_prob, log_prob, advantages, response_mask, drift, dp_size=dp_size or 1,
+                                  batch_num_tokens=batch_num_tokens)
+        aggregation = AggregationType.SUM if batch_num_tokens is not None else AggregationType.MEAN
+        metrics["drift/penalty"] = Metric(value=dterm.detach(), aggregation=aggregation)
+        metrics["drift/penalised_tokens"] = Metric(value=float(n_pen), aggregation=AggregationType.SUM)
+        loss = loss + dterm
     if not llds.enable:
-        return loss, metrics  # the loss is verl's, unchanged
+        return loss, metrics  # verl's loss (plus the drift penalty when asked)
 
     aggregation = AggregationType.SUM if batch_num_tokens is not None else AggregationType.MEAN
     metrics["llds/penalty"] = Metric(value=term.detach(), aggregation=aggregation)
@@ -140,7 +163,9 @@ def finish_llds_metrics(metrics: dict, prefix: str = "actor/") -> dict:
     return metrics
 
 
-def make_actor_loss(actor_config, llds_config: LLDSConfig, positions: int = 4):
+def make_actor_loss(actor_config, llds_config: LLDSConfig, positions: int = 4,
+                    drift_config: Optional[DriftConfig] = None):
     """What the driver passes to ``actor_rollout_wg.set_loss_fn``; ``positions``: how many action
-    positions the per-position log-likelihood diagnostic tracks (max_turns + 1 generations)."""
-    return partial(llds_ppo_loss, config=actor_config, llds=llds_config, positions=positions)
+    positions the per-position log-likelihood diagnostic tracks (max_turns + 1 generations);
+    ``drift_config``: SAPO's drift penalty (``drift_penalty:``), off unless enabled."""
+    return partial(llds_ppo_loss, config=actor_config, llds=llds_config, positions=positions, drift=drift_config)

@@ -35,7 +35,6 @@ from enum import IntEnum
 from typing import Callable, Mapping, Optional
 
 
-
 class Level(IntEnum):
     OK = 0
     WATCH = 1
@@ -108,6 +107,12 @@ class SignalState:
 
 
 SIGNALS = ("probe", "ratio", "displaced", "format", "searches", "cut", "repeat", "entropy", "update")
+#: the signals the shipped warning alarms on (``collapse_warning.levels``): chosen on the seed-fold replay of
+#: the development variants, where every signal with two WATCH votes raised 1.6 false alarms per 100 healthy
+#: steps and ``ratio`` alone none at the same recall; ``probe`` is kept beside it because it is the only
+#: signal that sees the injected fault (docs/training.md#the-collapse-corpus-and-how-well-the-warning-does).
+#: Every signal is still scored and logged each step; give one a level to make it fire.
+ALARMING = ("ratio", "probe")
 
 
 @dataclass
@@ -158,6 +163,7 @@ class CollapseWarning(Detector):
 
     def update(self, step: int, record: Mapping) -> Decision:
         scores = self.state.scores(record)
+        self.last_scores = scores
         alarm, watch = [], []
         for sig in self.signals:
             if sig not in self.thresholds.levels:
@@ -170,6 +176,7 @@ class CollapseWarning(Detector):
                 alarm.append(sig)
             elif v >= w:
                 watch.append(sig)
+        self.last_levels = {sig: 2 if sig in alarm else 1 if sig in watch else 0 for sig in self.signals}
         values = tuple((s, scores[s]) for s in alarm + watch)
         if alarm or len(watch) >= self.thresholds.watch_votes:
             return Decision(step, Level.ALARM, tuple(alarm + watch), values)
@@ -193,11 +200,11 @@ class RuleDetector(Detector):
 
 
 class TodaysAlarm(Detector):
-    """``lld_alarm`` as the trainer ran it until this warning (:mod:`train.llds.alarm`), replayed."""
+    """``lld_alarm`` as the trainer ran it until this warning (:mod:`train.monitor.lld_alarm`), replayed."""
     name = "lld_alarm"
 
     def __init__(self):
-        from train.llds.alarm import CollapseMonitor
+        from train.monitor.lld_alarm import CollapseMonitor
 
         self.monitor = CollapseMonitor()
 
@@ -229,3 +236,54 @@ def grad_norm_spike(factor: float):
         prev = [p for p in prev if math.isfinite(p)]
         return len(prev) >= 2 and _f(record, "search_r1/adv_token_share") > 0 and g > factor * statistics.median(prev)
     return rule
+
+
+ACTIONS = ("warn", "stop")
+
+
+@dataclass(frozen=True)
+class WarningConfig:
+    """The ``collapse_warning:`` block (configs/_base.yaml; docs/training.md#collapse-warning)."""
+    enable: bool = True
+    action: str = "warn"           # warn: log which signals fired; stop: save the step, then exit naming them
+    probe_rows: int = 8            # the displacement probe's trajectories (0: no probe)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    @classmethod
+    def from_dict(cls, d: Optional[Mapping]) -> "WarningConfig":
+        d = dict(d or {})
+        known = {"enable", "action", "probe_rows", "watch_votes", "levels"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"collapse_warning: unknown keys {unknown} (known: {sorted(known)})")
+        action = d.get("action", "warn")
+        if action not in ACTIONS:
+            raise ValueError(f"collapse_warning.action must be one of {', '.join(ACTIONS)}, got {action!r}")
+        rows = d.get("probe_rows", 8)
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            raise ValueError(f"collapse_warning.probe_rows must be an integer >= 0, got {rows!r}")
+        if not isinstance(d.get("enable", True), bool):
+            raise ValueError(f"collapse_warning.enable must be true or false, got {d['enable']!r}")
+        th = Thresholds.from_dict({"levels": d.get("levels") or {}, "watch_votes": d.get("watch_votes", 2)})
+        return cls(bool(d.get("enable", True)), action, rows, th)
+
+
+#: the per-step keys the live warning logs: its level (0 OK, 1 WATCH, 2 ALARM), every signal's score and
+#: every signal's own level
+LEVEL_KEY = "search_r1/warning"
+SIGNAL_PREFIX = "search_r1/signal/"
+SIGNAL_LEVEL_PREFIX = "search_r1/signal_level/"
+
+
+def step_record(metrics: Mapping) -> dict[str, float]:
+    """One step's metrics as the trainer holds them (lists per mini-batch) -> the record a detector reads
+    (their mean: what verl logs)."""
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, (list, tuple)):
+            vals = [float(x) for x in v if isinstance(x, (int, float))]
+            if vals:
+                out[k] = sum(vals) / len(vals)
+        elif isinstance(v, (int, float)):
+            out[k] = float(v)
+    return out

@@ -22,7 +22,7 @@ from train.monitor.records import Run
 
 ALPHA = 0.5
 FRACTION = 0.5
-MIN_PEAK = 0.1
+MIN_PEAK = 0.05
 HOLD = 5
 REWARD = "critic/score/mean"
 

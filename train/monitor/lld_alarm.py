@@ -1,4 +1,6 @@
-"""Collapse early warning: watch for the start of lazy likelihood displacement's death spiral.
+"""The collapse alarm the trainer ran until the collapse warning (:mod:`train.monitor.detectors`) replaced it,
+kept as a baseline: ``python -m train.collapse replay`` scores it beside the warning (its false alarms on
+healthy runs are why it was replaced: bench/RESULTS.md).
 
 The LLDS paper (arXiv 2512.04220) describes GRPO's collapse as starting with the log-likelihood of
 *correct* (positive-advantage) responses falling while updates go on, followed by exploding policy
@@ -13,9 +15,7 @@ when either
   old-vs-new policy KL that grows with the policy ratio) exceeds ``spike_factor`` times its median
   over the previous ``spike_window`` steps (checked once that many steps exist).
 
-Configured under ``lld_alarm:`` in the training config (defaults in :class:`AlarmConfig`, documented
-in docs/training.md#collapse-early-warning). Pure Python: no verl import. The history lives in the
-trainer process, so a resumed run starts a fresh one.
+Its settings are :class:`AlarmConfig`'s defaults, as the presets ran it. Pure Python: no verl import.
 """
 
 from __future__ import annotations

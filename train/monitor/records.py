@@ -12,10 +12,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from train.errors import DataError
+
 #: metrics a record keeps (exact keys), and prefixes of which it keeps every key
 KEEP = ("critic/score/mean", "actor/grad_norm", "actor/ppo_kl", "actor/pg_loss", "actor/loss", "actor/entropy",
         "actor/kl_loss", "actor/pg_clipfrac", "actor/lr", "response_length/mean", "response_length/clip_ratio",
-        "timing_s/step", "search_r1/lld_alarm")
+        "timing_s/step", "timing_s/probe", "search_r1/lld_alarm")
 KEEP_PREFIXES = ("actor/llds/", "search_r1/", "probe/")
 
 
@@ -62,15 +64,15 @@ def read_run(path: Path) -> Run:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+                raise DataError(f"{path}:{n}: not JSON ({e.msg})") from None
             if "run" in row:
                 header = row["run"]
             elif "step" in row:
                 steps.append(row)
             else:
-                raise ValueError(f"{path}:{n}: neither a header ('run') nor a step row ('step')")
+                raise DataError(f"{path}:{n}: neither a header ('run') nor a step row ('step')")
     if header is None:
-        raise ValueError(f"{path}: no header line ({{\"run\": {{...}}}})")
+        raise DataError(f"{path}: no header line ({{\"run\": {{...}}}})")
     steps.sort(key=lambda r: r["step"])
     return Run(path.stem if not header.get("model") else f"{header['model']}/{path.stem}", header, steps)
 
@@ -81,8 +83,8 @@ def read_corpus(root: Path) -> list[Run]:
     if root.is_file():
         return [read_run(root)]
     if not root.is_dir():
-        raise FileNotFoundError(f"no corpus at {root}")
+        raise DataError(f"no corpus at {root}")
     runs = [read_run(p) for p in sorted(root.rglob("*.jsonl"))]
     if not runs:
-        raise FileNotFoundError(f"no run files (*.jsonl) under {root}")
+        raise DataError(f"no run files (*.jsonl) under {root}")
     return sorted(runs, key=lambda r: r.name)

@@ -68,7 +68,6 @@ def behaviour_metrics(batch) -> dict[str, list[float]]:
       ``search_r1/flat_groups_expected``: that share if every question had the batch's success rate p
       (``p^n + (1 - p)^n``; scores > 0.5 count as successes).
     """
-    import torch
 
     t = batch.batch
     nt = batch.non_tensor_batch

@@ -8,7 +8,9 @@ The demo is a learnability check of the whole pipeline; it passes only when
 * **held-out EM rose**: greedy EM on the questions no stage trains on is higher after RL than for the
   warm start, over the same questions;
 * **resumed**: the run resumed from the step-N checkpoint and logged step N+1;
-* **plots written**: the four PNGs of ``python -m train.plot``.
+* **plots written**: the five PNGs of ``python -m train.plot``;
+* **no collapse alarm**: the collapse warning (docs/training.md#collapse-warning) raised no ALARM on this
+  healthy run (a WATCH is shown, not failed).
 
 Each check is one :class:`Check` (name, passed, what was measured); nothing here imports verl or torch.
 """
@@ -25,7 +27,9 @@ WINDOW = 3
 #: the smallest rise of the mean reward (last WINDOW steps minus first WINDOW) that counts as learning
 MIN_RISE = 0.10
 #: what ``python -m train.plot RUN`` writes into RUN/plots (train/trainer/plots.py)
-PLOTS = ("reward.png", "search.png", "llds.png", "lld.png")
+PLOTS = ("reward.png", "search.png", "llds.png", "lld.png", "warning.png")
+#: the per-step level of the collapse warning (0 OK, 1 WATCH, 2 ALARM; train/monitor/detectors.py)
+WARNING = "search_r1/warning"
 _PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -90,8 +94,22 @@ def plots_check(plot_dir: Path) -> Check:
     return Check(name, True, f"{', '.join(PLOTS)} in {plot_dir}")
 
 
+def alarm_check(steps: dict[int, dict], trained: int) -> Check:
+    name = "no collapse alarm"
+    run = {s: m for s, m in steps.items() if 1 <= s <= trained + 1 and "critic/score/mean" in m}
+    if not any(WARNING in m for m in run.values()):
+        return Check(name, False, f"no step logged {WARNING} (collapse_warning.enable=false?)")
+    alarms = [s for s in sorted(run) if run[s].get(WARNING, 0) >= 2]
+    watches = [s for s in sorted(run) if run[s].get(WARNING, 0) == 1]
+    seen = f"WATCH at steps {watches}" if watches else "no WATCH"
+    if alarms:
+        return Check(name, False, f"ALARM at steps {alarms} of a run that learns ({seen}): a false alarm; the "
+                                  f"trainer's 'collapse warning:' lines in the log name the signals")
+    return Check(name, True, f"{len(run)} steps, no ALARM ({seen})")
+
+
 def demo_checks(steps: dict[int, dict], trained: int, before: dict[str, dict], after: dict[str, dict],
                 plot_dir: Path) -> list[Check]:
     """Every check of the demo, in the order the demo ran the stages."""
     return [reward_check(steps, trained), resume_check(steps, trained), em_check(before, after),
-            plots_check(plot_dir)]
+            plots_check(plot_dir), alarm_check(steps, trained)]

@@ -1,5 +1,5 @@
 """The trainer config checked before anything starts: every key our code reads (our blocks ``search_r1``,
-``llds``, ``lld_alarm``, ``checkpoints``; ``trainer.save_on_sigterm``; the reward function's
+``llds``, ``drift_penalty``, ``collapse_warning``, ``checkpoints``; ``trainer.save_on_sigterm``; the reward function's
 ``reward_kwargs``), the batch split verl needs, names of our classes that moved, and verl's own
 validation. Every problem is a :class:`~train.errors.ConfigError` naming the key."""
 
@@ -111,8 +111,9 @@ def check_config(config: DictConfig) -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    from train.llds.alarm import AlarmConfig
+    from train.llds.drift import DriftConfig
     from train.llds.loss import LLDSConfig
+    from train.monitor.detectors import WarningConfig
     from train.search_r1.config import SearchConfig
     from train.trainer import checkpoint_store, corpus_check
     from train.trainer.batch_geometry import check_split
@@ -123,8 +124,12 @@ def check_config(config: DictConfig) -> None:
     corpus_check.parse(search.expect_corpus, "search_r1.expect_corpus")
     try:  # our blocks' own checks raise ValueError naming the key: a ConfigError here (one line, exit 2)
         llds = LLDSConfig.from_dict(OmegaConf.to_container(config.get("llds") or {}, resolve=True))
+        drift = DriftConfig.from_dict(OmegaConf.to_container(config.get("drift_penalty") or {}, resolve=True))
         checkpoint_store.check_config(OmegaConf.to_container(config.get("checkpoints") or {}, resolve=True))
-        AlarmConfig.from_dict(OmegaConf.to_container(config.get("lld_alarm") or {}, resolve=True))
+        if config.get("lld_alarm") is not None:
+            raise ConfigError("lld_alarm: replaced by collapse_warning (docs/training.md#collapse-warning); "
+                              "remove the lld_alarm block or its overrides")
+        WarningConfig.from_dict(OmegaConf.to_container(config.get("collapse_warning") or {}, resolve=True))
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
@@ -143,12 +148,14 @@ def check_config(config: DictConfig) -> None:
                    workers)
     check_split(config.data.train_batch_size, actor.ppo_mini_batch_size, rollout.n, ranks,
                 actor.get("ppo_micro_batch_size_per_gpu"), bool(actor.get("use_dynamic_bsz")), workers=workers)
-    if llds.enable:
+    for name, on in (("llds", llds.enable), ("drift_penalty", drift.enable)):
+        if not on:
+            continue
         n = config.actor_rollout_ref.rollout.n
         updates = config.data.train_batch_size // config.actor_rollout_ref.actor.ppo_mini_batch_size
         if updates * config.actor_rollout_ref.actor.ppo_epochs < 2:
             raise ConfigError(
-                f"llds.enable needs >= 2 optimizer updates per rollout batch (LLDS is zero in the first): "
+                f"{name}.enable needs >= 2 optimizer updates per rollout batch (it is zero in the first): "
                 f"data.train_batch_size={config.data.train_batch_size} / actor.ppo_mini_batch_size="
                 f"{config.actor_rollout_ref.actor.ppo_mini_batch_size} gives {updates} (rollout.n={n})")
     try:

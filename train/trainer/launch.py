@@ -11,7 +11,7 @@ import os
 import ray
 from omegaconf import DictConfig, open_dict
 
-from train.errors import ConfigError, UserError
+from train.errors import CollapseStopped, ConfigError, UserError
 
 
 def launch(config: DictConfig) -> None:
@@ -21,7 +21,7 @@ def launch(config: DictConfig) -> None:
     from train.trainer import preflight
     from train.trainer.config_checks import check_config
     from train.trainer.ray_setup import init_ray
-    from train.trainer.sigterm import STOP_FLAG, on_sigterm, stop_after_sigterm
+    from train.trainer.sigterm import COLLAPSE_FLAG, STOP_FLAG, on_sigterm, stop_after_sigterm
     from train.trainer.task_runner import SearchR1TaskRunner
 
     # train.plugin imports these in every process; a bad one fails here
@@ -36,9 +36,9 @@ def launch(config: DictConfig) -> None:
         raise ConfigError(f"{PLUGINS_ENV}={os.environ.get(PLUGINS_ENV)!r}: {type(e).__name__}: {e}") from None
     check_config(config)
     root = os.path.abspath(str(config.trainer.default_local_dir))
-    stop_flag = os.path.join(root, STOP_FLAG)
-    if os.path.exists(stop_flag):  # left by an earlier run's SIGTERM
-        os.unlink(stop_flag)
+    for flag in (STOP_FLAG, COLLAPSE_FLAG):  # left by an earlier run's SIGTERM or collapse stop
+        if os.path.exists(os.path.join(root, flag)):
+            os.unlink(os.path.join(root, flag))
     terminated = on_sigterm(config, root)  # before Ray, and again once ray.init has put its own in place
     try:
         prepare_run(config, root)
@@ -51,6 +51,12 @@ def launch(config: DictConfig) -> None:
             raise
         on_sigterm(config, root, terminated)
         run_ppo(config, task_runner_class=SearchR1TaskRunner)
+        collapse = os.path.join(root, COLLAPSE_FLAG)
+        if os.path.exists(collapse):  # collapse_warning.action=stop: the trainer saved the step and returned
+            with open(collapse, encoding="utf-8") as f:
+                text = f.read()
+            os.unlink(collapse)
+            raise CollapseStopped(text)
     except KeyboardInterrupt:
         if not terminated:
             raise

@@ -7,7 +7,36 @@ import re
 from pathlib import Path
 
 REWARD = "critic/score/mean"
-ALARM = "search_r1/lld_alarm"
+WARNING = "search_r1/warning"              # 0 OK, 1 WATCH, 2 ALARM (train/monitor/detectors.py)
+SIGNAL_LEVEL = "search_r1/signal_level/"   # + signal name: that signal's own level
+SIGNAL = "search_r1/signal/"               # + signal name: its score
+
+
+def warning_steps(steps: dict[int, dict[str, float]]) -> list[tuple[int, int, list[str]]]:
+    """``(step, level, signals at WATCH or above)`` for each step the collapse warning was not OK."""
+    out = []
+    for s in sorted(steps):
+        level = int(steps[s].get(WARNING, 0) or 0)
+        if level > 0:
+            names = [k[len(SIGNAL_LEVEL):] for k, v in steps[s].items() if k.startswith(SIGNAL_LEVEL) and v >= 1]
+            out.append((s, level, sorted(names)))
+    return out
+
+
+def mark_warnings(ax, runs, labels) -> None:
+    """WATCH (orange, dotted) and ALARM (red, dashed) steps as vertical lines, each named by its signals."""
+    shown = set()
+    for r, steps in enumerate(runs):
+        for s, level, names in warning_steps(steps):
+            kind = "ALARM" if level >= 2 else "WATCH"
+            label = kind if len(runs) == 1 else f"{labels[r]}: {kind}"
+            ax.axvline(s, color="red" if level >= 2 else "orange", alpha=0.6, linestyle="--" if level >= 2 else ":",
+                       label=None if label in shown else label)
+            shown.add(label)
+            ax.annotate(", ".join(names), (s, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
+                        va="top", ha="right", color="red" if level >= 2 else "darkorange")
+    if shown:
+        ax.legend(fontsize=8)
 
 
 def series(steps: dict[int, dict[str, float]], key: str) -> tuple[list[int], list[float]]:
@@ -111,15 +140,19 @@ def plot_runs(runs: list[dict], labels: list[str], out: Path) -> list[Path]:
     names = [f"action {k.rsplit('_a', 1)[1]}" if re.search(r"_a\d+$", k) else "answer span" for k in keys]
     _panel(ax, lld_runs, labels, keys, names, "mean log-likelihood (nats / token)",
            "LLD diagnostic: log-likelihood of positive-advantage tokens under the updated policy", gaps=True)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for r, steps in enumerate(runs):
-        color = colors[r % len(colors)] if len(runs) > 1 else "red"
-        for s in [s for s in steps if steps[s].get(ALARM, 0) > 0]:
-            ax.axvline(s, color=color, alpha=0.5, linestyle=":")
-        if any(steps[s].get(ALARM, 0) > 0 for s in steps):
-            ax.plot([], [], color=color, alpha=0.5, linestyle=":",
-                    label="collapse alarm" if len(runs) == 1 else f"{labels[r]}: collapse alarm")
-    if any(steps[s].get(ALARM, 0) > 0 for steps in runs for s in steps):
-        ax.legend(fontsize=8)
+    mark_warnings(ax, runs, labels)
     save(fig, "lld.png")
+
+    # the collapse warning: each signal's score, with the WATCH and ALARM steps named by their signals
+    names = [k[len(SIGNAL):] for k in keys_matching(runs, re.escape(SIGNAL) + r"\w+")]
+    if names:
+        fig, axes = plt.subplots(2, 1, figsize=(12, 8))
+        first = [n for n in names if n in ("probe", "ratio", "displaced", "update")]
+        rest = [n for n in names if n not in first]
+        for ax, group, title in ((axes[0], first, "likelihood and update signals"),
+                                 (axes[1], rest, "rollout behaviour against step 1")):
+            _panel(ax, runs, labels, [SIGNAL + n for n in group], group, "score (higher: worse)",
+                   f"collapse warning: {title}", gaps=True)
+            mark_warnings(ax, runs, labels)
+        save(fig, "warning.png")
     return written

@@ -81,4 +81,4 @@ def _mean(values, mask) -> float:
 
 
 def empty() -> dict[str, float]:
-    return {k: math.nan for k in KEYS}
+    return {**{k: math.nan for k in KEYS}, "timing_s/probe": 0.0}

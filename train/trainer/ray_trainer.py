@@ -1,22 +1,31 @@
 """verl's ``RayPPOTrainer`` with what a Search-R1 run adds to a step: the agent statistics
-(:mod:`train.search_r1.metrics`), the LLDS metrics and the collapse alarm (:mod:`train.llds.alarm`),
+(:mod:`train.search_r1.metrics`), the LLDS metrics and the collapse warning (:mod:`train.monitor.detectors`,
+its probe :mod:`train.trainer.probe`),
 complete checkpoints (a manifest and the tracker after verl's save, retention, free space checked
 first) and the stop after a saved step on SIGTERM (:mod:`train.trainer.sigterm`)."""
 
 from __future__ import annotations
 
+import os
+import time
+
 from omegaconf import OmegaConf
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from train.search_r1.metrics import behaviour_metrics, search_metrics
-from train.trainer.sigterm import StopAfterSave, stop_requested
+from train.trainer.sigterm import COLLAPSE_FLAG, StopAfterSave, stop_requested
+
+
+class CollapseStop(Exception):
+    def __init__(self, decision, step):
+        super().__init__(step)
+        self.decision, self.step = decision, step
 
 
 class SearchR1Trainer(RayPPOTrainer):
-    """verl's trainer; adds the agent statistics and the collapse alarm to each step's metrics."""
+    """verl's trainer; adds the agent statistics and the collapse warning to each step's metrics."""
 
     def _update_actor_with_metrics(self, batch):
-        from train.llds.alarm import AlarmConfig, CollapseMonitor
         from train.llds.loss import finish_llds_metrics
 
         out = super()._update_actor(batch)
@@ -25,36 +34,63 @@ class SearchR1Trainer(RayPPOTrainer):
         metrics.update(search_metrics(batch))
         metrics.update(behaviour_metrics(batch))
         metrics.update({k: [v] for k, v in self._probe_displacement(batch).items()})
-        if not hasattr(self, "_collapse_monitor"):
-            cfg = OmegaConf.to_container(self.config.get("lld_alarm") or {}, resolve=True)
-            self._collapse_monitor = CollapseMonitor(AlarmConfig.from_dict(cfg))
-        alarm, warnings = self._collapse_monitor.update(self.global_steps, metrics)
-        for message in warnings:
-            print(f"WARNING: {message}", flush=True)
-        metrics.update({k: [v] for k, v in alarm.items()})
+        metrics.update({k: [v] for k, v in self._collapse_warning(metrics).items()})
         return out
+
+    def _warning_config(self):
+        from train.monitor.detectors import WarningConfig
+
+        if not hasattr(self, "_warning_cfg"):
+            self._warning_cfg = WarningConfig.from_dict(
+                OmegaConf.to_container(self.config.get("collapse_warning") or {}, resolve=True))
+        return self._warning_cfg
+
+    def _collapse_warning(self, metrics) -> dict[str, float]:
+        """The step's warning level and signal scores (:mod:`train.monitor.detectors`); a WATCH or ALARM
+        prints why, and with ``collapse_warning.action=stop`` an ALARM saves the step and stops the run."""
+        from train.monitor import detectors
+
+        cfg = self._warning_config()
+        if not cfg.enable:
+            return {}
+        if not hasattr(self, "_warning"):
+            self._warning = detectors.CollapseWarning(cfg.thresholds, signals=detectors.SIGNALS)
+        decision = self._warning.update(self.global_steps, detectors.step_record(metrics))
+        if decision.level >= detectors.Level.WATCH:
+            print(f"collapse warning: {decision.describe()} (thresholds: collapse_warning.levels; "
+                  f"docs/training.md#collapse-warning)", flush=True)
+        if decision.level >= detectors.Level.ALARM and cfg.action == "stop" and not hasattr(self, "_alarm_stop"):
+            self._alarm_stop = decision
+        return {detectors.LEVEL_KEY: float(decision.level),
+                **{detectors.SIGNAL_PREFIX + k: v for k, v in self._warning.last_scores.items()},
+                **{detectors.SIGNAL_LEVEL_PREFIX + k: float(v) for k, v in self._warning.last_levels.items()}}
 
     def _probe_displacement(self, batch) -> dict[str, float]:
         """The fixed probe's likelihood after this step's update (:mod:`train.trainer.probe`)."""
         from train.trainer import probe
 
         if not hasattr(self, "_probe"):
-            rows = int((self.config.get("collapse_warning") or {}).get("probe_rows", 8))
-            self._probe = probe.DisplacementProbe(rows, self.actor_rollout_wg.world_size)
+            self._probe = probe.DisplacementProbe(self._warning_config().probe_rows, self.actor_rollout_wg.world_size)
         self._probe.collect(batch)
         if not self._probe.full:
             return probe.empty()
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
+        start = time.perf_counter()
         td = left_right_2_no_padding(self._probe.batch().to_tensordict())  # as verl's log-prob passes do
         tu.assign_non_tensor(td, calculate_entropy=False, compute_loss=False)
         output = self.actor_rollout_wg.compute_log_prob(td)
-        return self._probe.score(no_padding_2_padding(tu.get(output, "log_probs"), td))
+        scores = self._probe.score(no_padding_2_padding(tu.get(output, "log_probs"), td))
+        return {**scores, "timing_s/probe": time.perf_counter() - start}
 
     def _update_actor(self, batch):
         out = self._update_actor_with_metrics(batch)
-        if stop_requested(self.config.trainer.default_local_dir):  # SIGTERM with trainer.save_on_sigterm
+        if hasattr(self, "_alarm_stop") and getattr(self, "_saved_step", None) != self.global_steps:
+            print(f"collapse warning: stopping (collapse_warning.action=stop): {self._alarm_stop.describe()}; "
+                  f"saving step {self.global_steps} first", flush=True)
+            self._save_checkpoint()
+        elif stop_requested(self.config.trainer.default_local_dir):  # SIGTERM with trainer.save_on_sigterm
             print(f"SIGTERM: step {self.global_steps} is trained; saving its checkpoint, then stopping after "
                   f"the step (trainer.save_on_sigterm)", flush=True)
             self._save_checkpoint()
@@ -65,6 +101,8 @@ class SearchR1Trainer(RayPPOTrainer):
         stop (SIGTERM with trainer.save_on_sigterm) ends, after the step before was saved and logged."""
         if stop_requested(self.config.trainer.default_local_dir):
             raise StopAfterSave(getattr(self, "_saved_step", None))
+        if hasattr(self, "_alarm_stop"):
+            raise CollapseStop(self._alarm_stop, getattr(self, "_saved_step", None))
         return super()._start_profiling(do_profile)
 
     def fit(self):
@@ -73,6 +111,15 @@ class SearchR1Trainer(RayPPOTrainer):
         try:
             with metrics_file.appending():  # verl's file logger would truncate the run's metrics
                 return super().fit()
+        except CollapseStop as stop:  # the driver exits 5 with this text (train.trainer.launch)
+            text = (f"the collapse warning stopped the run at step {stop.decision.step} (collapse_warning.action="
+                    f"stop): {stop.decision.describe()}; that step is saved as global_step_{stop.step}, the "
+                    f"checkpoints before it predate the warning (docs/training.md#collapse-warning)")
+            print(f"collapse warning: {text}", flush=True)
+            with open(os.path.join(self.config.trainer.default_local_dir, COLLAPSE_FLAG), "w") as f:
+                f.write(text)
+            if hasattr(self, "_shutdown_dump_executor"):
+                self._shutdown_dump_executor()
         except StopAfterSave as stop:
             print(f"stopped (SIGTERM) after saving global_step_{stop.step}" if stop.step else
                   "stopped (SIGTERM) before the first step", flush=True)

@@ -10,6 +10,7 @@ import ray
 from omegaconf import DictConfig
 
 STOP_FLAG = ".stop_requested"  # in trainer.default_local_dir: the driver got SIGTERM with trainer.save_on_sigterm
+COLLAPSE_FLAG = ".collapse_stop"  # in trainer.default_local_dir: the collapse warning stopped the run (its text)
 
 
 class StopAfterSave(Exception):

@@ -14,9 +14,11 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
 
 def install_llds_loss(trainer, config: DictConfig) -> None:
-    """Swap the actor's loss for verl's ppo_loss + LLDS (a no-op loss change when disabled)."""
+    """Swap the actor's loss for verl's ppo_loss + LLDS and SAPO's drift penalty (each only when enabled;
+    the diagnostics are logged either way)."""
     from verl.utils.config import omega_conf_to_dataclass
 
+    from train.llds.drift import DriftConfig
     from train.llds.loss import LLDSConfig, make_actor_loss
     from train.search_r1.config import SearchConfig
 
@@ -24,7 +26,8 @@ def install_llds_loss(trainer, config: DictConfig) -> None:
     search = SearchConfig.of(config)
     actor_cfg = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
     positions = max(search.max_turns, search.val_max_turns) + 1  # generations per trajectory, at most
-    trainer.actor_rollout_wg.set_loss_fn(make_actor_loss(actor_cfg, llds, positions=positions))
+    drift = DriftConfig.from_dict(OmegaConf.to_container(config.get("drift_penalty") or {}, resolve=True))
+    trainer.actor_rollout_wg.set_loss_fn(make_actor_loss(actor_cfg, llds, positions=positions, drift_config=drift))
 
 
 @ray.remote(num_cpus=1)

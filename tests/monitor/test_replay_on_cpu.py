@@ -1,0 +1,49 @@
+"""CI replays the detectors over the committed collapse corpus (bench/collapse_corpus/, no training): the
+table bench/RESULTS.md shows is what the replay prints today, and the levels the presets ship are the ones
+fitted on that corpus. A change to a signal, the label, the scoring or the corpus that moves a number fails
+here until RESULTS.md and configs/_base.yaml say the new one."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "bench" / "collapse_corpus"
+#: the variants kept out of every choice of signal and margin (added to the corpus after those choices)
+HOLDOUT = ["grpo_updates4", "grpo_lr2_nokl"]
+
+
+def replay() -> list[str]:
+    r = subprocess.run([sys.executable, "-m", "train.collapse", "replay", str(CORPUS), "--holdout", *HOLDOUT], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_results_md_holds_the_replayed_table_and_the_presets_ship_the_fitted_levels():
+    from omegaconf import OmegaConf
+
+    out = replay()
+    results = (ROOT / "bench" / "RESULTS.md").read_text()
+    rows = [line for line in out if line.startswith("| ")]
+    assert len(rows) >= 17, out  # two tables: each a header, a rule, the warning and its baselines
+    assert any(line.startswith("held out:") for line in out), out
+    missing = [line for line in [out[0], *rows] if line not in results]
+    assert not missing, "bench/RESULTS.md does not hold the replayed table; now:\n" + "\n".join(out)
+    fitted = json.loads(out[-1].split(": ", 1)[1])
+    base = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "_base.yaml").collapse_warning)
+    assert {k: list(v) for k, v in base["levels"].items()} == fitted["levels"]
+    assert base["watch_votes"] == fitted["watch_votes"]
+
+
+def test_every_corpus_run_is_complete_and_labelled():
+    from train.monitor.labels import label
+    from train.monitor.records import read_corpus
+
+    runs = read_corpus(CORPUS)
+    for run in runs:
+        steps = [s["step"] for s in run.steps]
+        assert run.header.get("crashed") or steps == list(range(1, run.header["steps"] + 1)), run.name
+        assert label(run).kind in ("collapse", "healthy", "transient", "censored")
+    assert {r.header["model"] for r in runs} >= {"toy"}
