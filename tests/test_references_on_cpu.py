@@ -348,8 +348,8 @@ def test_the_pointer_check_catches_the_stale_pointers(tmp_path):
     assert "points at train/checkpoints.py for keep_last, keep_steps" in bad[1], bad
     assert "docs/training.md has no heading #no-such-section" in bad[2], bad
     fixed = tmp_path / "fixed.py"
-    fixed.write_text('"""Configured under ``collapse_warning:`` in the training config (defaults in configs/_base.yaml, '
-                     'documented\nin docs/training.md#collapse-warning). Pure Python.\n"""\n'
+    fixed.write_text('"""Configured under ``collapse_warning:`` in the training config (defaults in '
+                     'configs/_base.yaml, documented\nin docs/training.md#collapse-warning). Pure Python.\n"""\n'
                      "# Checkpoint retention (train/trainer/checkpoint_store.py): the newest keep_last global_step_N "
                      "folders, plus\n# keep_steps (scripts/reproduce_paper.sh adds the step it evaluates).\n")
     assert pointer_problems([fixed]) == []
