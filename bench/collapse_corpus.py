@@ -3,6 +3,8 @@
     python bench/collapse_corpus.py                              # ORDER's variants x seeds 0-4, 16 steps
     python bench/collapse_corpus.py --variants grpo_bf16 --seeds 5 6 7
     python -m train.collapse replay bench/collapse_corpus        # score the detectors on it
+    python bench/collapse_corpus.py --rollback --variants grpo_lr5_nokl   # the same runs, rolled back
+    python -m train.collapse label bench/collapse_rollback       # did the rollback keep them alive?
 
 Runs ``configs/cpu_learn.yaml`` on the learnable task (the toy: ``train/learnable.py``) from its warm start,
 one run at a time, in the knobs that make GRPO collapse (public reports: a bf16 actor, a higher learning
@@ -15,6 +17,11 @@ read (:data:`train.monitor.records.KEEP`). The file is written whole when the ru
 step, so a run cut short leaves nothing; a rerun skips every run already recorded (resumable). The
 label is not stored: ``python -m train.collapse label`` derives it from the rewards
 (:mod:`train.monitor.labels`). About 3 minutes a run on 2 cores; scratch under ``--work``.
+
+``--rollback`` runs the same variants and seeds with ``collapse_warning.action=rollback`` (a checkpoint
+every step) into ``bench/collapse_rollback`` (apart: they are interventions, not corpus runs). Each file
+holds the branch that survived (the steps before the rollback target, then the resumed steps); its header
+counts the rollbacks and says whether the run ended stopped (an alarm with no rollback left, exit 5).
 """
 
 from __future__ import annotations
@@ -87,15 +94,27 @@ def main(argv=None) -> None:
     ap.add_argument("--variants", nargs="+", default=ORDER, choices=sorted(VARIANTS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--out", default="bench/collapse_corpus", help="the corpus (committed)")
+    ap.add_argument("--out", default=None, help="the corpus (committed): bench/collapse_corpus, with --rollback "
+                    "bench/collapse_rollback")
+    ap.add_argument("--rollback", action="store_true", help="collapse_warning.action=rollback")
+    ap.add_argument("--rollback-lr-scale", type=float, default=None,
+                    help="with --rollback: collapse_warning.rollback_lr_scale (default: the preset's); the run files "
+                    "are then named <variant>_lrx<scale>-s<seed>")
     ap.add_argument("--work", default="runs/collapse_corpus", help="scratch: the runs' folders and logs")
     ap.add_argument("--task", default="runs/learn_task", help="task + warm start (built when missing)")
     ap.add_argument("--port", type=int, default=8012)
     args = ap.parse_args(argv)
     if args.steps < 2:
         ap.error(f"--steps must be >= 2, got {args.steps}")
+    args.out = args.out or ("bench/collapse_rollback" if args.rollback else "bench/collapse_corpus")
+    if args.rollback:
+        args.work += "_rollback"
     out, work, task = (ROOT / args.out).resolve(), (ROOT / args.work).resolve(), (ROOT / args.task).resolve()
-    todo = [(v, s) for s in args.seeds for v in args.variants if not run_file(out, v, s).is_file()]
+    from train.monitor.detectors import WarningConfig
+
+    scale = WarningConfig().rollback_lr_scale if args.rollback_lr_scale is None else args.rollback_lr_scale
+    suffix = f"_lrx{args.rollback_lr_scale:g}" if args.rollback and args.rollback_lr_scale is not None else ""
+    todo = [(v, s) for s in args.seeds for v in args.variants if not run_file(out, v + suffix, s).is_file()]
     done = len(args.seeds) * len(args.variants) - len(todo)
     print(f"{done} runs recorded already, {len(todo)} to run ({args.steps} steps each) -> {out / 'toy'}", flush=True)
     if not todo:
@@ -111,12 +130,15 @@ def main(argv=None) -> None:
     try:
         for i, (variant, seed) in enumerate(todo, 1):
             overrides, plugins, fault = VARIANTS[variant]
-            run_dir = work / f"{variant}-s{seed}"
+            run_dir = work / f"{variant}{suffix}-s{seed}"
             if run_dir.exists():  # an earlier attempt that did not finish: start it over
                 import shutil
 
                 shutil.rmtree(run_dir)
-            spec = [*overrides, "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1"]
+            spec = [*overrides, "trainer.val_before_train=false", "trainer.test_freq=-1",
+                    *(["collapse_warning.action=rollback", "trainer.save_freq=1"] if args.rollback else
+                      ["trainer.save_freq=-1"]),
+                    *([f"collapse_warning.rollback_lr_scale={args.rollback_lr_scale}"] if suffix else [])]
             t0 = time.time()
             try:
                 metrics = learnable.run_rl(task, run_dir, f"http://127.0.0.1:{args.port}", steps=args.steps,
@@ -130,22 +152,27 @@ def main(argv=None) -> None:
                     metrics = {}
                 print(f"[{i}/{len(todo)}] {variant} seed {seed}: training failed ({str(e).splitlines()[0]}); "
                       f"{len(metrics)} steps logged", flush=True)
-                crashed, error = True, _error_line(str(e))
+                stopped = str(e).startswith("training failed (rc 5)")  # the warning, no rollback left
+                crashed, error = not stopped, _error_line(str(e))
             else:
-                crashed, error = False, None
+                crashed, error, stopped = False, None, False
+            rollbacks = len(list(run_dir.glob("metrics.jsonl.rolled_back_*")))
             trained = [s for s in metrics if "critic/score/mean" in metrics[s]]
-            if not crashed and sorted(trained) != list(range(1, args.steps + 1)):
+            if not (crashed or stopped) and sorted(trained) != list(range(1, args.steps + 1)):
                 print(f"[{i}/{len(todo)}] {variant} seed {seed}: {len(trained)} of {args.steps} steps; not recorded",
                       flush=True)
                 continue
-            if crashed and not trained:
+            if (crashed or stopped) and not trained:
                 continue
-            header = {"model": "toy", "variant": variant, "seed": seed, "steps": args.steps,
+            header = {"model": "toy", "variant": variant + suffix, "seed": seed, "steps": args.steps,
                       "overrides": overrides, "plugins": "tests/sabotage.py" if plugins else None,
-                      "fault": fault, "crashed": crashed, "error": error, "wall_s": round(time.time() - t0)}
-            record(metrics, header, run_file(out, variant, seed))
+                      "fault": fault, "crashed": crashed, "error": error, "wall_s": round(time.time() - t0),
+                      **({"rollbacks": rollbacks, "stopped": stopped, "rollback_lr_scale": scale} if args.rollback
+                         else {})}
+            record(metrics, header, run_file(out, variant + suffix, seed))
             rewards = " ".join(f"{metrics[s]['critic/score/mean']:.2f}" for s in sorted(trained))
-            print(f"[{i}/{len(todo)}] {variant} seed {seed}: {time.time() - t0:.0f} s; reward {rewards}", flush=True)
+            print(f"[{i}/{len(todo)}] {variant} seed {seed}: {time.time() - t0:.0f} s; reward {rewards}"
+                  + (f"; {rollbacks} rollback(s){', stopped' if stopped else ''}" if args.rollback else ""), flush=True)
     finally:
         server.terminate()
 

@@ -114,8 +114,15 @@ def main(argv=None) -> int:
     if args.action == "label":
         for r in runs:
             lab = labels[r.name]
-            kind = f"{lab.kind}{' (fault)' if r.fault else ''}"
-            print(f"{r.name:<32} {kind:<18} onset {lab.onset if lab.onset is not None else '-':<4} {lab.why}")
+            kind, why = f"{lab.kind}{' (fault)' if r.fault else ''}", lab.why
+            rollbacks = r.header.get("rollbacks")
+            if r.header.get("stopped"):  # a rollback run the warning ended: its outcome was never seen
+                rewards = " ".join(f"{x:.2f}" for x in r.series("critic/score/mean"))
+                kind, why = "stopped", (f"the warning stopped it at step {r.steps[-1]['step']} after {rollbacks} "
+                                        f"rollback(s); rewards {rewards}")
+            elif rollbacks:
+                why = f"{why}{'; ' if why else ''}after {rollbacks} rollback(s)"
+            print(f"{r.name:<32} {kind:<18} onset {lab.onset if lab.onset is not None else '-':<4} {why}")
         return 0
     if args.action == "fit":
         from train.monitor.scoring import fit

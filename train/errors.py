@@ -50,12 +50,14 @@ class EngineDead(UserError, RuntimeError):
     exit_code = ENGINE_DIED
 
 
-#: ``python -m train.main``'s exit status when ``collapse_warning.action=stop`` ended the run
+#: ``python -m train.main``'s exit status when the collapse warning ended the run (``collapse_warning.action``
+#: stop, or rollback with no rollback left)
 COLLAPSE_STOPPED = 5
 
 
 class CollapseStopped(UserError, RuntimeError):
-    """The collapse warning raised its alarm and ``collapse_warning.action`` is ``stop``: the step was saved,
-    the run ended (the message names the signals and the checkpoint)."""
+    """The collapse warning raised its alarm and ``collapse_warning.action`` is ``stop`` (or ``rollback``
+    with ``max_rollbacks`` used up): the step was saved, the run ended (the message names the signals
+    and the checkpoint)."""
 
     exit_code = COLLAPSE_STOPPED

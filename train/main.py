@@ -11,7 +11,8 @@ statistics, the collapse alarm and complete checkpoints), installs the LLDS acto
 loop runs on CPU (:mod:`train.cpu`). The presets: ``configs/``.
 
 Exit status: 0 done; 2 a config, data, checkpoint or environment problem (one line, before Ray when
-it can be found there); 143 stopped by SIGTERM (the newest complete checkpoint resumes).
+it can be found there); 5 the collapse warning stopped the run (``collapse_warning.action`` stop, or
+rollback with no rollback left); 143 stopped by SIGTERM (the newest complete checkpoint resumes).
 """
 
 from __future__ import annotations

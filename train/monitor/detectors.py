@@ -238,21 +238,24 @@ def grad_norm_spike(factor: float):
     return rule
 
 
-ACTIONS = ("warn", "stop")
+ACTIONS = ("warn", "stop", "rollback")
 
 
 @dataclass(frozen=True)
 class WarningConfig:
     """The ``collapse_warning:`` block (configs/_base.yaml; docs/training.md#collapse-warning)."""
     enable: bool = True
-    action: str = "warn"           # warn: log which signals fired; stop: save the step, then exit naming them
+    action: str = "warn"           # warn: log the signals; stop: save the step, exit naming them; rollback:
+    #                                resume from before the warning began (train/trainer/rollback.py)
     probe_rows: int = 8            # the displacement probe's trajectories (0: no probe)
     thresholds: Thresholds = field(default_factory=Thresholds)
+    rollback_lr_scale: float = 0.5  # rollback: the actor's learning rate is multiplied by this at each rollback
+    max_rollbacks: int = 2         # rollback: an alarm after this many rollbacks stops the run (as action=stop)
 
     @classmethod
     def from_dict(cls, d: Optional[Mapping]) -> "WarningConfig":
         d = dict(d or {})
-        known = {"enable", "action", "probe_rows", "watch_votes", "levels"}
+        known = {"enable", "action", "probe_rows", "watch_votes", "levels", "rollback_lr_scale", "max_rollbacks"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"collapse_warning: unknown keys {unknown} (known: {sorted(known)})")
@@ -264,8 +267,14 @@ class WarningConfig:
             raise ValueError(f"collapse_warning.probe_rows must be an integer >= 0, got {rows!r}")
         if not isinstance(d.get("enable", True), bool):
             raise ValueError(f"collapse_warning.enable must be true or false, got {d['enable']!r}")
+        scale = d.get("rollback_lr_scale", 0.5)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 1:
+            raise ValueError(f"collapse_warning.rollback_lr_scale must be a number in (0, 1], got {scale!r}")
+        most = d.get("max_rollbacks", 2)
+        if not isinstance(most, int) or isinstance(most, bool) or most < 0:
+            raise ValueError(f"collapse_warning.max_rollbacks must be an integer >= 0, got {most!r}")
         th = Thresholds.from_dict({"levels": d.get("levels") or {}, "watch_votes": d.get("watch_votes", 2)})
-        return cls(bool(d.get("enable", True)), action, rows, th)
+        return cls(bool(d.get("enable", True)), action, rows, th, float(scale), most)
 
 
 #: the per-step keys the live warning logs: its level (0 OK, 1 WATCH, 2 ALARM), every signal's score and

@@ -2,14 +2,17 @@
 SIGTERM handler, the checks before Ray (environment, model, data, where the run resumes, the
 metrics file), Ray, the resource check, then verl's ``run_ppo`` with our task runner
 (:mod:`train.trainer.task_runner`). A problem found on the way is a :class:`~train.errors.UserError`
-(``python -m train.main`` prints it as one line, exit 2)."""
+(``python -m train.main`` prints it as one line, exit 2). When the collapse warning stops the run
+(``collapse_warning.action`` stop or rollback), :func:`roll_back` either exits 5 or resumes from the
+checkpoint before the warning began with a smaller learning rate, in a fresh Ray (:mod:`train.trainer.rollback`)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import ray
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from train.errors import CollapseStopped, ConfigError, UserError
 
@@ -20,7 +23,9 @@ def launch(config: DictConfig) -> None:
     from train import PLUGINS_ENV, cpu
     from train.trainer import preflight
     from train.trainer.config_checks import check_config
+    from train.trainer.probe import FILE as PROBE_FILE
     from train.trainer.ray_setup import init_ray
+    from train.trainer.rollback import Stop
     from train.trainer.sigterm import COLLAPSE_FLAG, STOP_FLAG, on_sigterm, stop_after_sigterm
     from train.trainer.task_runner import SearchR1TaskRunner
 
@@ -41,7 +46,8 @@ def launch(config: DictConfig) -> None:
             os.unlink(os.path.join(root, flag))
     terminated = on_sigterm(config, root)  # before Ray, and again once ray.init has put its own in place
     try:
-        prepare_run(config, root)
+        if not prepare_run(config, root) and os.path.exists(os.path.join(root, PROBE_FILE)):
+            os.unlink(os.path.join(root, PROBE_FILE))  # from scratch: an earlier run's probe is not this run's
         if not ray.is_initialized():
             init_ray(config, cpu=cpu.enabled())
         try:
@@ -50,19 +56,53 @@ def launch(config: DictConfig) -> None:
             ray.shutdown()
             raise
         on_sigterm(config, root, terminated)
-        run_ppo(config, task_runner_class=SearchR1TaskRunner)
-        collapse = os.path.join(root, COLLAPSE_FLAG)
-        if os.path.exists(collapse):  # collapse_warning.action=stop: the trainer saved the step and returned
-            with open(collapse, encoding="utf-8") as f:
-                text = f.read()
-            os.unlink(collapse)
-            raise CollapseStopped(text)
+        for attempt in itertools.count(1):
+            run_ppo(config, task_runner_class=SearchR1TaskRunner)
+            stop = Stop.read(os.path.join(root, COLLAPSE_FLAG))
+            if stop is None:  # the run reached its last step (or stopped on SIGTERM)
+                break
+            roll_back(config, root, stop, attempt)  # or CollapseStopped (exit 5)
+            ray.shutdown()  # the run goes on from the checkpoint before the warning, in a fresh Ray
+            prepare_run(config, root)
+            init_ray(config, cpu=cpu.enabled())
+            preflight.ray_resources_preflight(config)
+            on_sigterm(config, root, terminated)
     except KeyboardInterrupt:
         if not terminated:
             raise
         stop_after_sigterm(root)
     if terminated:  # trainer.save_on_sigterm: the step finished and was saved
         stop_after_sigterm(root)
+
+
+def roll_back(config: DictConfig, root: str, stop, attempt: int) -> None:
+    """After the collapse warning stopped the run: with ``collapse_warning.action=rollback`` and rollbacks
+    left, set the newer checkpoints and the metrics aside and point ``config`` at the checkpoint before the
+    warning began, with the actor's learning rate scaled (:mod:`train.trainer.rollback`); otherwise raise
+    :class:`~train.errors.CollapseStopped` with the trainer's text."""
+    from train.monitor.detectors import WarningConfig
+    from train.trainer import checkpoint_store, metrics_file
+    from train.trainer.rollback import set_aside
+
+    cfg = WarningConfig.from_dict(OmegaConf.to_container(config.get("collapse_warning") or {}, resolve=True))
+    if cfg.action != "rollback":
+        raise CollapseStopped(stop.text)
+    if attempt > cfg.max_rollbacks:
+        raise CollapseStopped(f"{stop.text}; after {attempt - 1} rollback(s) (collapse_warning.max_rollbacks="
+                              f"{cfg.max_rollbacks})")
+    actor = config.actor_rollout_ref.actor
+    old_lr = float(actor.optim.lr)
+    plan = set_aside(root, stop, attempt, metrics_file.path_for(config.trainer.get("logger"), root), old_lr,
+                     cfg.rollback_lr_scale)
+    with open_dict(config):
+        actor.optim.lr = plan.lr
+        actor.checkpoint.load_contents = ["model"]  # weights and data position; optimizer and schedule fresh
+        if plan.target:
+            config.trainer.resume_mode = "resume_path"
+            config.trainer.resume_from_path = checkpoint_store.step_dir(root, plan.target)
+        else:
+            config.trainer.resume_mode = "disable"
+    print(plan.describe(stop, old_lr, cfg.rollback_lr_scale, cfg.max_rollbacks), flush=True)
 
 
 def prepare_run(config: DictConfig, root: str) -> int:

@@ -12,12 +12,20 @@ full; fixed keys on every rank):
   positive: the likelihood of answers once found correct has been displaced).
 
 Costs one forward pass over ``rows`` sequences per step (the old-log-prob pass does the batch's).
+
+Once full, the probe (its rows and its first scoring) is saved beside the checkpoints (:data:`FILE`) and a
+resumed run, a rollback included, re-scores the same rows: a run resumed after its reward fell has no
+successful trajectory left to build a new probe from. The reference stays when the run resumes at or
+after the step it was scored at, and is scored again otherwise (a rollback to before it: the displacement
+is then counted from the branch the run goes on with). A run that starts from scratch removes the file
+(:func:`train.trainer.launch.launch`).
 """
 
 from __future__ import annotations
 
 import math
 
+FILE = "collapse_probe.pt"  # in trainer.default_local_dir
 KEYS = ("probe/logp", "probe/logp_answer", "probe/drop", "probe/drop_answer")
 _FIELDS = ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask", "answer_mask")
 
@@ -29,6 +37,7 @@ class DisplacementProbe:
         self.data = None  # the probe's rows (a DataProto), padded to a multiple of the world size
         self.held = 0
         self.reference: dict[str, float] = {}
+        self.reference_step: int | None = None  # the training step whose update the reference was scored after
 
     def collect(self, batch) -> None:
         """Keep the batch's successful positive-advantage rows until ``rows`` are held."""
@@ -57,7 +66,7 @@ class DisplacementProbe:
             return self.data
         return DataProto.concat([self.data] + [self.data.select_idxs([i % self.held]) for i in range(pad)])
 
-    def score(self, log_probs) -> dict[str, float]:
+    def score(self, log_probs, step: int | None = None) -> dict[str, float]:
         """The probe's statistics from the actor's log-probs of :meth:`batch` (``[rows, T]``)."""
         t = self.data.batch
         lp = log_probs[: self.held].float()
@@ -65,10 +74,40 @@ class DisplacementProbe:
         answer = (t["answer_mask"] > 0) & action if "answer_mask" in t.keys() else action[:, :0]
         out = {"probe/logp": _mean(lp, action), "probe/logp_answer": _mean(lp, answer) if answer.numel() else math.nan}
         if not self.reference:
-            self.reference = dict(out)
+            self.reference, self.reference_step = dict(out), step
         out["probe/drop"] = self.reference["probe/logp"] - out["probe/logp"]
         out["probe/drop_answer"] = self.reference["probe/logp_answer"] - out["probe/logp_answer"]
         return out
+
+    def save(self, path: str) -> None:
+        """The full probe (rows, reference) to ``path``, written atomically."""
+        import os
+
+        import torch
+
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp"
+        torch.save({"rows": self.rows, "held": self.held, "data": self.data, "reference": self.reference,
+                    "reference_step": self.reference_step}, tmp)
+        os.replace(tmp, path)
+
+    def restore(self, path: str, resumed_at: int) -> bool:
+        """The probe saved at ``path`` by an earlier attempt of this run, when it holds as many rows as this
+        one asks for; False (and nothing changed) otherwise. ``resumed_at``: the step the run resumed from
+        (0: the start); a reference scored after a later step is dropped, to be scored again."""
+        import torch
+
+        try:
+            saved = torch.load(path, weights_only=False)
+        except FileNotFoundError:
+            return False
+        if saved.get("rows") != self.rows or not saved.get("reference"):
+            return False
+        self.data, self.held = saved["data"], int(saved["held"])
+        step = saved.get("reference_step")
+        if step is not None and step <= resumed_at:
+            self.reference, self.reference_step = dict(saved["reference"]), step
+        return True
 
     @property
     def full(self) -> bool:

@@ -47,7 +47,8 @@ class SearchR1Trainer(RayPPOTrainer):
 
     def _collapse_warning(self, metrics) -> dict[str, float]:
         """The step's warning level and signal scores (:mod:`train.monitor.detectors`); a WATCH or ALARM
-        prints why, and with ``collapse_warning.action=stop`` an ALARM saves the step and stops the run."""
+        prints why, and with ``collapse_warning.action`` stop or rollback an ALARM saves the step and stops
+        the run (a rollback then resumes from before the warning began: :mod:`train.trainer.rollback`)."""
         from train.monitor import detectors
 
         cfg = self._warning_config()
@@ -56,11 +57,16 @@ class SearchR1Trainer(RayPPOTrainer):
         if not hasattr(self, "_warning"):
             self._warning = detectors.CollapseWarning(cfg.thresholds, signals=detectors.SIGNALS)
         decision = self._warning.update(self.global_steps, detectors.step_record(metrics))
+        if decision.level < detectors.Level.WATCH:
+            self._warning_began = None
+        elif getattr(self, "_warning_began", None) is None:  # the first step of this warning
+            self._warning_began = self.global_steps
         if decision.level >= detectors.Level.WATCH:
             print(f"collapse warning: {decision.describe()} (thresholds: collapse_warning.levels; "
                   f"docs/training.md#collapse-warning)", flush=True)
-        if decision.level >= detectors.Level.ALARM and cfg.action == "stop" and not hasattr(self, "_alarm_stop"):
+        if decision.level >= detectors.Level.ALARM and cfg.action != "warn" and not hasattr(self, "_alarm_stop"):
             self._alarm_stop = decision
+            self._alarm_began = self._warning_began
         return {detectors.LEVEL_KEY: float(decision.level),
                 **{detectors.SIGNAL_PREFIX + k: v for k, v in self._warning.last_scores.items()},
                 **{detectors.SIGNAL_LEVEL_PREFIX + k: float(v) for k, v in self._warning.last_levels.items()}}
@@ -69,8 +75,13 @@ class SearchR1Trainer(RayPPOTrainer):
         """The fixed probe's likelihood after this step's update (:mod:`train.trainer.probe`)."""
         from train.trainer import probe
 
+        saved = os.path.join(self.config.trainer.default_local_dir, probe.FILE)
         if not hasattr(self, "_probe"):
             self._probe = probe.DisplacementProbe(self._warning_config().probe_rows, self.actor_rollout_wg.world_size)
+            if self._probe.restore(saved, resumed_at=self.global_steps - 1):  # this step is being trained
+                print(f"collapse warning: the probe's {self._probe.held} trajectories restored from {saved}"
+                      + ("" if self._probe.reference else "; their reference is scored again (it was taken after "
+                         f"step {self.global_steps - 1}, where this run resumes)"), flush=True)
         self._probe.collect(batch)
         if not self._probe.full:
             return probe.empty()
@@ -81,13 +92,17 @@ class SearchR1Trainer(RayPPOTrainer):
         td = left_right_2_no_padding(self._probe.batch().to_tensordict())  # as verl's log-prob passes do
         tu.assign_non_tensor(td, calculate_entropy=False, compute_loss=False)
         output = self.actor_rollout_wg.compute_log_prob(td)
-        scores = self._probe.score(no_padding_2_padding(tu.get(output, "log_probs"), td))
+        fresh = not self._probe.reference
+        scores = self._probe.score(no_padding_2_padding(tu.get(output, "log_probs"), td), step=self.global_steps)
+        if fresh:  # its first scoring: kept for a resume or a rollback
+            self._probe.save(saved)
         return {**scores, "timing_s/probe": time.perf_counter() - start}
 
     def _update_actor(self, batch):
         out = self._update_actor_with_metrics(batch)
         if hasattr(self, "_alarm_stop") and getattr(self, "_saved_step", None) != self.global_steps:
-            print(f"collapse warning: stopping (collapse_warning.action=stop): {self._alarm_stop.describe()}; "
+            print(f"collapse warning: stopping (collapse_warning.action={self._warning_config().action}): "
+                  f"{self._alarm_stop.describe()}; "
                   f"saving step {self.global_steps} first", flush=True)
             self._save_checkpoint()
         elif stop_requested(self.config.trainer.default_local_dir):  # SIGTERM with trainer.save_on_sigterm
@@ -111,13 +126,18 @@ class SearchR1Trainer(RayPPOTrainer):
         try:
             with metrics_file.appending():  # verl's file logger would truncate the run's metrics
                 return super().fit()
-        except CollapseStop as stop:  # the driver exits 5 with this text (train.trainer.launch)
+        except CollapseStop as stop:  # the driver rolls back, or exits 5 with this text (train.trainer.launch)
+            from train.files import atomic_write
+            from train.trainer.rollback import Stop
+
+            began = getattr(self, "_alarm_began", None)
             text = (f"the collapse warning stopped the run at step {stop.decision.step} (collapse_warning.action="
-                    f"stop): {stop.decision.describe()}; that step is saved as global_step_{stop.step}, the "
-                    f"checkpoints before it predate the warning (docs/training.md#collapse-warning)")
+                    f"{self._warning_config().action}): {stop.decision.describe()}; that step is saved as "
+                    f"global_step_{stop.step}, the checkpoints before step {began} predate the warning "
+                    f"(docs/training.md#collapse-warning)")
             print(f"collapse warning: {text}", flush=True)
-            with open(os.path.join(self.config.trainer.default_local_dir, COLLAPSE_FLAG), "w") as f:
-                f.write(text)
+            atomic_write(os.path.join(self.config.trainer.default_local_dir, COLLAPSE_FLAG),
+                         Stop(text, stop.decision.step, began).to_json())
             if hasattr(self, "_shutdown_dump_executor"):
                 self._shutdown_dump_executor()
         except StopAfterSave as stop:
@@ -148,6 +168,10 @@ class SearchR1Trainer(RayPPOTrainer):
         self._saved_step = step
         keep_last, keep_steps = checkpoint_store.check_config(
             OmegaConf.to_container(self.config.get("checkpoints") or {}, resolve=True))
+        if self._warning_config().action == "rollback":  # while a warning is open: the step a rollback needs
+            from train.trainer.rollback import keep_for_rollback
+
+            keep_steps = [*keep_steps, *keep_for_rollback(root, getattr(self, "_warning_began", None))]
         removed = checkpoint_store.prune(root, keep_last, keep_steps)
         if removed:
             print(f"checkpoints: removed global_step_{removed} (checkpoints.keep_last={keep_last}, "

@@ -1,0 +1,158 @@
+"""``collapse_warning.action=rollback`` on files, without training: the target is the newest complete
+checkpoint before the warning began, the checkpoints after it and the metrics are set aside (never
+deleted), the config resumes the target's weights with the learning rate scaled, and an alarm with no
+rollback left stops the run (exit 5). The live run: tests/toy/test_collapse_warning_on_cpu.py."""
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.trainer.test_faults_on_cpu import fake_checkpoint
+from train.errors import CollapseStopped
+from train.monitor.detectors import WarningConfig
+from train.trainer import checkpoint_store
+from train.trainer.launch import roll_back
+from train.trainer.rollback import Stop, keep_for_rollback, set_aside, target_step
+
+
+def _metrics(path, steps):
+    path.write_text("".join(json.dumps({"step": s, "data": {"critic/score/mean": s / 10}}) + "\n" for s in steps))
+
+
+def _config(root, action="rollback", **warning):
+    return OmegaConf.create({
+        "collapse_warning": {"action": action, **warning},
+        "actor_rollout_ref": {"actor": {"optim": {"lr": 1e-3}, "checkpoint": {"load_contents": ["model", "optimizer",
+                                                                                                  "extra"]}}},
+        "trainer": {"logger": ["console", "file"], "resume_mode": "auto", "resume_from_path": None,
+                    "default_local_dir": str(root)}})
+
+
+def test_the_stop_record_round_trips_and_is_consumed(tmp_path):
+    path = tmp_path / ".collapse_stop"
+    assert Stop.read(str(path)) is None
+    path.write_text(Stop("ALARM at step 6: ratio 0.2", 6, 4).to_json())
+    assert Stop.read(str(path)) == Stop("ALARM at step 6: ratio 0.2", 6, 4)
+    assert not path.exists()
+    path.write_text("the collapse warning stopped the run at step 3\n")  # plain text: its text, no steps
+    assert Stop.read(str(path)) == Stop("the collapse warning stopped the run at step 3", -1, None)
+
+
+def test_the_target_is_the_newest_complete_checkpoint_before_the_warning_began(tmp_path):
+    for s in (2, 4, 5, 6):
+        fake_checkpoint(tmp_path, s)
+    assert target_step(str(tmp_path), 6) == 5
+    assert target_step(str(tmp_path), 5) == 4  # the step the warning began at already holds its update
+    assert target_step(str(tmp_path), 3) == 2
+    assert target_step(str(tmp_path), 2) == 0  # none before: the model the run started from
+    assert target_step(str(tmp_path), None) == 0
+    (tmp_path / "global_step_4" / "data.pt").unlink()  # incomplete: skipped
+    checkpoint_store.write_manifest(str(tmp_path / "global_step_5"))
+    (tmp_path / "global_step_5" / "data.pt").write_bytes(b"torn")
+    assert target_step(str(tmp_path), 6) == 2
+    assert keep_for_rollback(str(tmp_path), 6) == [2] and keep_for_rollback(str(tmp_path), None) == []
+
+
+def test_pruning_keeps_the_rollback_target_while_a_warning_is_open(tmp_path):
+    for s in range(1, 7):
+        fake_checkpoint(tmp_path, s)
+    removed = checkpoint_store.prune(str(tmp_path), 3, keep_for_rollback(str(tmp_path), 4))
+    assert removed == [1, 2] and checkpoint_store.saved_steps(str(tmp_path)) == [3, 4, 5, 6]
+
+
+def test_set_aside_moves_the_later_checkpoints_and_copies_the_metrics(tmp_path):
+    for s in (2, 4, 5, 6):
+        fake_checkpoint(tmp_path, s)
+    metrics = tmp_path / "metrics.jsonl"
+    _metrics(metrics, range(1, 7))
+    plan = set_aside(str(tmp_path), Stop("ALARM at step 6", 6, 5), 1, str(metrics), 1e-3, 0.5)
+    assert (plan.target, plan.moved, plan.lr) == (4, (5, 6), 5e-4)
+    assert checkpoint_store.saved_steps(str(tmp_path)) == [2, 4]
+    assert sorted(p.name for p in (tmp_path / "rolled_back_1").iterdir()) == ["global_step_5", "global_step_6"]
+    assert checkpoint_store.read_tracker(str(tmp_path)) == (4, None)
+    assert metrics.read_text() == (tmp_path / "metrics.jsonl.rolled_back_1").read_text()  # the file itself is
+    # cut back to step 4 by prepare_run (metrics_file.keep_until), as on any resume
+
+
+def test_set_aside_to_the_start(tmp_path):
+    fake_checkpoint(tmp_path, 3)
+    metrics = tmp_path / "metrics.jsonl"
+    _metrics(metrics, range(1, 4))
+    plan = set_aside(str(tmp_path), Stop("ALARM at step 3", 3, 2), 2, str(metrics), 1e-3, 0.25)
+    assert (plan.target, plan.moved, plan.lr) == (0, (3,), 2.5e-4)
+    assert checkpoint_store.saved_steps(str(tmp_path)) == [] and checkpoint_store.read_tracker(str(tmp_path))[0] is None
+    assert (tmp_path / "rolled_back_2" / checkpoint_store.TRACKER).read_text() == "3"
+    assert not metrics.exists() and len((tmp_path / "metrics.jsonl.rolled_back_2").read_text().splitlines()) == 3
+
+
+def test_roll_back_points_the_config_at_the_target(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "metrics.jsonl"))
+    for s in (1, 2, 3):
+        fake_checkpoint(tmp_path, s)
+    _metrics(tmp_path / "metrics.jsonl", [1, 2, 3])
+    config = _config(tmp_path, rollback_lr_scale=0.5, max_rollbacks=2)
+    roll_back(config, str(tmp_path), Stop("ALARM at step 3: probe 0.9", 3, 3), 1)
+    actor = config.actor_rollout_ref.actor
+    assert actor.optim.lr == pytest.approx(5e-4) and list(actor.checkpoint.load_contents) == ["model"]
+    assert config.trainer.resume_mode == "resume_path"
+    assert config.trainer.resume_from_path == checkpoint_store.step_dir(str(tmp_path), 2)
+    out = capsys.readouterr().out
+    assert "rolling back (1 of collapse_warning.max_rollbacks=2)" in out and "0.001 x 0.5 = 0.0005" in out
+    assert (tmp_path / "metrics.jsonl.rolled_back_1").is_file()
+    roll_back(config, str(tmp_path), Stop("ALARM at step 2", 2, 1), 2)  # the second: back to the start
+    assert config.trainer.resume_mode == "disable" and actor.optim.lr == pytest.approx(2.5e-4)
+    with pytest.raises(CollapseStopped, match=r"ALARM at step 4; after 2 rollback\(s\) "
+                                              r"\(collapse_warning.max_rollbacks=2\)"):
+        roll_back(config, str(tmp_path), Stop("ALARM at step 4", 4, 3), 3)
+    assert CollapseStopped.exit_code == 5
+
+
+def test_stop_and_warn_never_roll_back(tmp_path):
+    fake_checkpoint(tmp_path, 1)
+    config = _config(tmp_path, action="stop")
+    with pytest.raises(CollapseStopped, match="^ALARM at step 2$"):
+        roll_back(config, str(tmp_path), Stop("ALARM at step 2", 2, 2), 1)
+    assert checkpoint_store.saved_steps(str(tmp_path)) == [1] and config.actor_rollout_ref.actor.optim.lr == 1e-3
+
+
+@pytest.mark.parametrize("block, error", [
+    ({"action": "rewind"}, "collapse_warning.action must be one of warn, stop, rollback"),
+    ({"rollback_lr_scale": 0}, r"rollback_lr_scale must be a number in \(0, 1\]"),
+    ({"rollback_lr_scale": 2.0}, r"rollback_lr_scale must be a number in \(0, 1\]"),
+    ({"rollback_lr_scale": True}, r"rollback_lr_scale must be a number"),
+    ({"max_rollbacks": -1}, "max_rollbacks must be an integer >= 0"),
+    ({"max_rollbacks": 1.5}, "max_rollbacks must be an integer >= 0"),
+])
+def test_bad_rollback_settings_are_named(block, error):
+    with pytest.raises(ValueError, match=error):
+        WarningConfig.from_dict(block)
+    cfg = WarningConfig.from_dict({"action": "rollback", "rollback_lr_scale": 0.25, "max_rollbacks": 1})
+    assert (cfg.action, cfg.rollback_lr_scale, cfg.max_rollbacks) == ("rollback", 0.25, 1)
+
+
+def test_the_probe_is_restored_and_its_reference_kept_only_on_its_own_branch(tmp_path):
+    """A rollback keeps the probe's rows; their reference stays when the run resumes at or after the step
+    it was scored at, and is scored again after a rollback to before it."""
+    import types
+
+    import torch
+
+    from train.trainer.probe import DisplacementProbe
+
+    rows = types.SimpleNamespace(batch={"response_mask": torch.ones(2, 3),
+                                        "answer_mask": torch.tensor([[0, 1, 1]] * 2)})
+    probe = DisplacementProbe(2)
+    probe.data, probe.held = rows, 2
+    first = probe.score(torch.full((2, 3), -1.0), step=3)
+    assert first["probe/drop"] == 0.0 and probe.reference_step == 3
+    path = str(tmp_path / "ckpt" / "collapse_probe.pt")  # the folder does not exist before the first save
+    probe.save(path)
+    same = DisplacementProbe(2)
+    assert same.restore(path, resumed_at=5) and same.held == 2 and same.reference_step == 3
+    assert same.score(torch.full((2, 3), -1.5), step=6)["probe/drop"] == pytest.approx(0.5)
+    before = DisplacementProbe(2)
+    assert before.restore(path, resumed_at=2) and before.reference == {} and before.held == 2
+    assert before.score(torch.full((2, 3), -1.5), step=3)["probe/drop"] == 0.0  # counted from this branch
+    assert not DisplacementProbe(4).restore(path, resumed_at=5)  # another probe size: built anew
+    assert not DisplacementProbe(2).restore(str(tmp_path / "none.pt"), resumed_at=5)
