@@ -113,7 +113,8 @@ def test_the_warning_config_is_checked():
     cfg = d.WarningConfig.from_dict({"action": "stop", "levels": {"probe": [0.1, 0.2]}, "watch_votes": 3})
     assert cfg.action == "stop" and cfg.thresholds.levels == {"probe": (0.1, 0.2)} and cfg.thresholds.watch_votes == 3
     for bad, named in (({"levels": {"reward": [0, 1]}}, "unknown signal 'reward'"),
-                       ({"action": "rollback"}, "must be one of warn, stop"), ({"probe_rows": -1}, "probe_rows")):
+                       ({"action": "rewind"}, "must be one of warn, stop, rollback"),
+                       ({"probe_rows": -1}, "probe_rows")):
         with pytest.raises(ValueError, match=named):
             d.WarningConfig.from_dict(bad)
 
