@@ -106,6 +106,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.steps < 2:
         ap.error(f"--steps must be >= 2, got {args.steps}")
+    if args.rollback_lr_scale is not None and not (args.rollback and 0 < args.rollback_lr_scale <= 1):
+        ap.error(f"--rollback-lr-scale needs --rollback and a value in (0, 1], got {args.rollback_lr_scale}")
     args.out = args.out or ("bench/collapse_rollback" if args.rollback else "bench/collapse_corpus")
     if args.rollback:
         args.work += "_rollback"

@@ -156,3 +156,13 @@ def test_the_probe_is_restored_and_its_reference_kept_only_on_its_own_branch(tmp
     assert before.score(torch.full((2, 3), -1.5), step=3)["probe/drop"] == 0.0  # counted from this branch
     assert not DisplacementProbe(4).restore(path, resumed_at=5)  # another probe size: built anew
     assert not DisplacementProbe(2).restore(str(tmp_path / "none.pt"), resumed_at=5)
+
+
+@pytest.mark.parametrize("argv", [["--rollback-lr-scale", "0.2"], ["--rollback", "--rollback-lr-scale", "0"],
+                                  ["--rollback", "--rollback-lr-scale", "1.5"]])
+def test_the_rollback_benchmark_refuses_a_bad_scale(argv, capsys):
+    from bench.collapse_corpus import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "--rollback-lr-scale needs --rollback and a value in (0, 1]" in capsys.readouterr().err

@@ -109,5 +109,5 @@ def set_aside(root: str, stop: Stop, attempt: int, metrics: Optional[str], lr: f
 
 def keep_for_rollback(root: str, began: Optional[int]) -> list[int]:
     """The checkpoint a rollback would go back to while a warning is open (kept through pruning)."""
-    target = target_step(root, began) if began is not None else 0
+    target = target_step(root, began)
     return [target] if target else []
