@@ -93,7 +93,7 @@ def test_a_paper_preset_against_the_sample_stops_before_ray(bm25_server, tmp_pat
      "reward.custom_reward_function.reward_kwargs.format_score must be true or false"),
     ("+llds.lamda=0.3", "unknown llds config keys: ['lamda']"),
     ("+collapse_warning.falling=3", "collapse_warning: unknown keys ['falling']"),
-    ("collapse_warning.action=rollback", "collapse_warning.action must be one of warn, stop"),
+    ("collapse_warning.action=abort", "collapse_warning.action must be one of warn, stop, rollback"),
     ("+collapse_warning.levels.probe=[0.5,0.1]", "signal probe: watch 0.5 must be <= alarm 0.1"),
     ("+lld_alarm.enable=true", "lld_alarm: replaced by collapse_warning"),
     ("checkpoints.keep_last=-x", "checkpoints.keep_last"),
