@@ -41,6 +41,13 @@ from train.toy import learnable_task as learnable  # noqa: E402
 SABOTAGE = str(ROOT / "tests" / "sabotage.py")
 GRPO = ["llds.enable=false"]
 BF16 = ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"]
+UPDATES4 = ["actor_rollout_ref.actor.ppo_mini_batch_size=2"]  # 4 optimizer updates per rollout batch
+UPDATES8 = ["actor_rollout_ref.actor.ppo_mini_batch_size=1"]  # 8
+#: LLDS-MA as configs/grpo_llds_ma.yaml sets it (the released rule; with the toy's one search per answer,
+#: V <= 1, so its answer-span weight is 0: the answer span goes unregularised)
+LLDS_MA = ["+llds.answer_weight=adaptive", "+llds.adaptive_rule=released", "+llds.answer_lambda=0.2",
+           "+llds.valid_search_baseline=2.0"]
+DRIFT = GRPO + ["drift_penalty.enable=true"]  # SAPO's drift penalty, configs/grpo_drift.yaml
 #: variant -> (overrides of cpu_learn.yaml, plugins, injected fault)
 VARIANTS = {
     "llds": ([], None, False),                                              # cpu_learn as shipped (make demo)
@@ -49,11 +56,11 @@ VARIANTS = {
     "llds_bf16": (BF16, None, False),
     "grpo_lr5_nokl": (GRPO + ["actor_rollout_ref.actor.optim.lr=2.5e-3",
                               "actor_rollout_ref.actor.use_kl_loss=false"], None, False),
-    "grpo_updates8": (GRPO + ["actor_rollout_ref.actor.ppo_mini_batch_size=1"], None, False),
-    "grpo_updates4": (GRPO + ["actor_rollout_ref.actor.ppo_mini_batch_size=2"], None, False),
+    "grpo_updates8": (GRPO + UPDATES8, None, False),
+    "grpo_updates4": (GRPO + UPDATES4, None, False),
     "grpo_lr2_nokl": (GRPO + ["actor_rollout_ref.actor.optim.lr=1.0e-3",
                               "actor_rollout_ref.actor.use_kl_loss=false"], None, False),
-    "llds_updates8": (["actor_rollout_ref.actor.ppo_mini_batch_size=1"], None, False),
+    "llds_updates8": (UPDATES8, None, False),
     "fault_flipped": (GRPO + ["actor_rollout_ref.actor.policy_loss.loss_mode=sabotage_flipped"], SABOTAGE, True),
 }
 #: the order runs are taken in: every variant of a seed before the next seed, so an interrupted
@@ -62,6 +69,15 @@ ORDER = ["grpo_bf16", "llds", "grpo_updates4", "grpo_lr2_nokl", "grpo", "grpo_up
          "fault_flipped"]
 #: further variants (``--variants``): LLDS in the knobs that collapse GRPO
 MORE = ["llds_bf16", "llds_updates8"]
+#: the arms of the LLDS-vs-GRPO study (bench/study.py): arm -> (name, overrides)
+ARMS = {"grpo": ("GRPO", GRPO), "llds": ("GRPO+LLDS", []), "lldsma": ("GRPO+LLDS-MA", LLDS_MA),
+        "drift": ("GRPO+SAPO drift", DRIFT)}
+#: its regimes: name -> (variant suffix, overrides): the preset's (cpu_learn.yaml, 2 optimizer updates per
+#: rollout batch) and more updates per batch, the knob that collapsed plain GRPO in the corpus
+REGIMES = {"preset": ("", []), "updates4": ("_updates4", UPDATES4), "updates8": ("_updates8", UPDATES8)}
+for _arm, (_, _arm_overrides) in ARMS.items():  # <arm><suffix>: the same overrides as the named variants above
+    for _suffix, _regime_overrides in REGIMES.values():
+        VARIANTS.setdefault(_arm + _suffix, (_arm_overrides + _regime_overrides, None, False))
 
 
 def run_file(out: Path, variant: str, seed: int) -> Path:

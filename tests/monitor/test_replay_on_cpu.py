@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "bench" / "collapse_corpus"
 #: the variants kept out of every choice of signal and margin (added to the corpus after those choices)
-HOLDOUT = ["grpo_updates4", "grpo_lr2_nokl"]
+HOLDOUT = ["grpo_updates4", "grpo_lr2_nokl", "llds_updates4", "lldsma_updates4", "drift_updates4", "llds_updates8",
+           "lldsma_updates8", "drift_updates8", "lldsma", "drift"]
 
 
 def replay() -> list[str]:

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-#: the corpus's fault_flipped run of seed 1 reached the probe's ALARM level at step 4 (bench/collapse_corpus/)
+#: the corpus's fault_flipped run of seed 1 reached ALARM at step 5 (the probe; levels fitted on the 78-run corpus)
 STEPS = 12
 
 

@@ -18,7 +18,7 @@ from train.errors import DataError
 KEEP = ("critic/score/mean", "actor/grad_norm", "actor/ppo_kl", "actor/pg_loss", "actor/loss", "actor/entropy",
         "actor/kl_loss", "actor/pg_clipfrac", "actor/lr", "response_length/mean", "response_length/clip_ratio",
         "timing_s/step", "timing_s/probe", "search_r1/lld_alarm")
-KEEP_PREFIXES = ("actor/llds/", "search_r1/", "probe/")
+KEEP_PREFIXES = ("actor/llds/", "actor/drift/", "search_r1/", "probe/")
 
 
 def keep(metrics: dict) -> dict:
