@@ -15,7 +15,12 @@ import pytest
 from tests.conftest import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-#: the corpus's fault_flipped run of seed 1 reached ALARM at step 5 (the probe; levels fitted on the 78-run corpus)
+#: the probe's levels for this run: the fault's flipped sign drives the reward to 0 within 2-3 steps, after which
+#: no learning signal is left to move the probe; one run on 2026-12-05 stayed below 0.39 (0.093 at step 4) for
+#: 12 steps, under the shipped levels' WATCH (0.69), while the corpus's run of the same seed reached 0.96 at
+#: step 4. The shipped levels' hit rate is the replay's to measure (tests/monitor/test_replay_on_cpu.py); this
+#: test checks what an ALARM does (the rollback), so it uses a level such a run crosses by step 4.
+PROBE_LEVELS = "collapse_warning.levels.probe=[0.04,0.08]"
 STEPS = 12
 
 
@@ -44,7 +49,7 @@ def test_an_injected_fault_raises_the_alarm_and_rollback_resumes_from_before_the
             f"trainer.total_training_steps={STEPS}", "trainer.val_before_train=false", "trainer.test_freq=-1",
             "trainer.save_freq=1", "llds.enable=false", "data.seed=1", "actor_rollout_ref.rollout.seed=1",
             "actor_rollout_ref.actor.policy_loss.loss_mode=sabotage_flipped", "collapse_warning.action=rollback",
-            "collapse_warning.max_rollbacks=1", "collapse_warning.rollback_lr_scale=0.5"]
+            "collapse_warning.max_rollbacks=1", "collapse_warning.rollback_lr_scale=0.5", PROBE_LEVELS]
     try:
         r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     finally:
