@@ -56,11 +56,8 @@ VARIANTS = {
     "llds_bf16": (BF16, None, False),
     "grpo_lr5_nokl": (GRPO + ["actor_rollout_ref.actor.optim.lr=2.5e-3",
                               "actor_rollout_ref.actor.use_kl_loss=false"], None, False),
-    "grpo_updates8": (GRPO + UPDATES8, None, False),
-    "grpo_updates4": (GRPO + UPDATES4, None, False),
     "grpo_lr2_nokl": (GRPO + ["actor_rollout_ref.actor.optim.lr=1.0e-3",
                               "actor_rollout_ref.actor.use_kl_loss=false"], None, False),
-    "llds_updates8": (UPDATES8, None, False),
     "fault_flipped": (GRPO + ["actor_rollout_ref.actor.policy_loss.loss_mode=sabotage_flipped"], SABOTAGE, True),
 }
 #: the order runs are taken in: every variant of a seed before the next seed, so an interrupted
@@ -75,7 +72,7 @@ ARMS = {"grpo": ("GRPO", GRPO), "llds": ("GRPO+LLDS", []), "lldsma": ("GRPO+LLDS
 #: its regimes: name -> (variant suffix, overrides): the preset's (cpu_learn.yaml, 2 optimizer updates per
 #: rollout batch) and more updates per batch, the knob that collapsed plain GRPO in the corpus
 REGIMES = {"preset": ("", []), "updates4": ("_updates4", UPDATES4), "updates8": ("_updates8", UPDATES8)}
-for _arm, (_, _arm_overrides) in ARMS.items():  # <arm><suffix>: the same overrides as the named variants above
+for _arm, (_, _arm_overrides) in ARMS.items():  # <arm><suffix>: grpo_updates8, llds_updates4, ...
     for _suffix, _regime_overrides in REGIMES.values():
         VARIANTS.setdefault(_arm + _suffix, (_arm_overrides + _regime_overrides, None, False))
 
