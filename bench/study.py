@@ -1,8 +1,9 @@
 """Does LLDS keep a GRPO run alive? GRPO, GRPO+LLDS, GRPO+LLDS-MA and GRPO+SAPO's drift penalty, side by side
-over seeds, in two regimes, on the learnable toy task.
+over seeds, in two regimes, on the learnable toy task and on SmolLM2-135M-Instruct.
 
-    python bench/study.py --run        # run what is missing (resumable), then report
-    python bench/study.py              # report from the recorded runs only
+    python bench/study.py --run                  # the toy: run what is missing (resumable), then report
+    python bench/study.py                        # the toy: report from the recorded runs only
+    python bench/study.py --model smollm2        # SmolLM2 (runs: bench/smollm2_corpus.py; --run calls it)
 
 - Regimes (:data:`bench.collapse_corpus.REGIMES`): ``preset``, configs/cpu_learn.yaml as shipped (``make
   demo``: 8 questions x 8 samples, 2 optimizer updates per rollout batch); ``updates4`` and ``updates8``, the
@@ -17,9 +18,15 @@ over seeds, in two regimes, on the learnable toy task.
 
 Per arm and regime it reports the share of runs that collapsed and their onsets, the final training
 reward (mean of the last 3 steps), and the paired difference against GRPO on the same seed, each with a
-percentile-bootstrap 95% interval over the seeds; it writes ``bench/study/toy.json`` and the curves
-``bench/study/toy.png`` (reward, the fixed probe's log-likelihood of successful trajectories, entropy,
+percentile-bootstrap 95% interval over the seeds; it writes ``bench/study/<model>.json`` and the curves
+``bench/study/<model>.png`` (reward, the fixed probe's log-likelihood of successful trajectories, entropy,
 searches: the mean over seeds, the band their range).
+
+On SmolLM2 (regimes :data:`bench.smollm2_corpus.REGIMES`) each run also answered the 200 held-out test
+questions (``bench/study/smollm2/heldout/``): per arm, held-out greedy EM (mean over seeds), its gain over
+the warm start and its difference against GRPO, paired by seed and question, with an interval from a
+bootstrap that resamples the seeds and then, within each, the questions (:func:`bootstrap_two_level`): it
+covers the spread between runs as well as the choice of questions.
 """
 
 from __future__ import annotations
@@ -33,8 +40,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import smollm2_corpus  # noqa: E402
 from bench.bench_smollm2 import bootstrap_mean  # noqa: E402
-from bench.collapse_corpus import ARMS, REGIMES, run_file  # noqa: E402
+from bench.collapse_corpus import ARMS, REGIMES  # noqa: E402
+
+#: model -> its regimes (name -> (variant suffix, overrides))
+MODELS = {"toy": REGIMES, "smollm2": smollm2_corpus.REGIMES}
 
 REWARD = "critic/score/mean"
 FINAL = 3  # the final reward: the mean of the last FINAL steps
@@ -42,18 +53,77 @@ CURVES = [(REWARD, "training reward"), ("probe/logp", "probe log-likelihood\n(su
           ("actor/entropy", "entropy"), ("search_r1/searches", "searches per trajectory")]
 
 
-def collect(corpus: Path, seeds: list[int]) -> dict:
+def collect(corpus: Path, seeds: list[int], model: str = "toy") -> dict:
     """{regime: {arm: {seed: Run}}} of the recorded runs (a missing run is absent)."""
     from train.monitor.records import read_run
 
     found: dict = {}
-    for regime, (suffix, _) in REGIMES.items():
+    for regime, (suffix, _) in MODELS[model].items():
         for arm in ARMS:
             for seed in seeds:
-                path = run_file(corpus, arm + suffix, seed)
+                path = corpus / model / f"{arm + suffix}-s{seed}.jsonl"
                 if path.is_file():
                     found.setdefault(regime, {}).setdefault(arm, {})[seed] = read_run(path)
+    warm = {r.header.get("warm_start") for arms in found.values() for runs in arms.values() for r in runs.values()}
+    if len(warm) > 1:
+        raise SystemExit(f"{corpus / model}: runs from {len(warm)} different warm starts ({sorted(map(str, warm))}); "
+                         "the arms of a seed must start from the same weights: rerun one warm start's runs")
     return found
+
+
+def bootstrap_two_level(per_seed: list[list[float]], n: int = 2000, seed: int = 0) -> list[float]:
+    """Percentile-bootstrap 95% interval of the mean of per-question values over seeds: each replicate
+    draws the seeds with replacement and then, within each drawn seed, its questions with replacement."""
+    import random
+
+    rng = random.Random(seed)
+    k = len(per_seed)
+    means = []
+    for _ in range(n):
+        total = count = 0
+        for _ in range(k):
+            xs = per_seed[rng.randrange(k)]
+            total += sum(xs[rng.randrange(len(xs))] for _ in range(len(xs)))
+            count += len(xs)
+        means.append(total / count)
+    means.sort()
+    return [round(means[int(0.025 * n)], 4), round(means[int(0.975 * n) - 1], 4)]
+
+
+def heldout(study: Path, found: dict) -> dict:
+    """Per regime and arm: held-out EM over seeds, its gain over the warm start and its difference against
+    GRPO, paired by seed and question, each with :func:`bootstrap_two_level`'s interval."""
+    from bench.bench_smollm2 import read_rows
+
+    warm_path = smollm2_corpus.heldout_file(study, "warm_start")
+    warm = read_rows(warm_path) if warm_path.is_file() else None
+    out: dict = {}
+    for regime, arms in found.items():
+        suffix = MODELS["smollm2"][regime][0]
+        rows = {arm: {s: read_rows(smollm2_corpus.heldout_file(study, f"{arm}{suffix}-s{s}")) for s in runs
+                      if smollm2_corpus.heldout_file(study, f"{arm}{suffix}-s{s}").is_file()}
+                for arm, runs in arms.items()}
+        for arm, by_seed in rows.items():
+            if not by_seed:
+                continue
+            seeds = sorted(by_seed)
+            ems = [[by_seed[s][u]["em"] for u in sorted(by_seed[s])] for s in seeds]
+            row = {"seeds": seeds, "questions": len(ems[0]), "em": sum(map(sum, ems)) / sum(map(len, ems)),
+                   "em_per_seed": {str(s): round(sum(e) / len(e), 4) for s, e in zip(seeds, ems)},
+                   "em_ci95": bootstrap_two_level(ems)}
+            if warm:
+                gains = [[by_seed[s][u]["em"] - warm[u]["em"] for u in sorted(by_seed[s]) if u in warm] for s in seeds]
+                row["gain"] = {"em": sum(map(sum, gains)) / sum(map(len, gains)), "ci95": bootstrap_two_level(gains),
+                               "warm_start_em": sum(r["em"] for r in warm.values()) / len(warm)}
+            base = rows.get("grpo", {})
+            paired = [s for s in seeds if s in base]
+            if arm != "grpo" and paired:
+                diffs = [[by_seed[s][u]["em"] - base[s][u]["em"] for u in sorted(by_seed[s]) if u in base[s]]
+                         for s in paired]
+                row["vs_grpo"] = {"seeds": paired, "diff": sum(map(sum, diffs)) / sum(map(len, diffs)),
+                                  "ci95": bootstrap_two_level(diffs)}
+            out.setdefault(regime, {})[arm] = row
+    return out
 
 
 def final_reward(run) -> float:
@@ -89,6 +159,21 @@ def summarise(found: dict) -> dict:
                 row["vs_grpo"] = {"seeds": paired, "diff": sum(diffs) / len(diffs), "ci95": bootstrap_mean(diffs)}
             out.setdefault(regime, {})[arm] = row
     return out
+
+
+def heldout_table(held: dict) -> str:
+    lines = []
+    for regime, arms in held.items():
+        lines += [f"**{regime}** regime: held-out EM, 200 test questions, greedy", "",
+                  "| arm | seeds | EM [95% CI: seeds, then questions] | gain over the warm start "
+                  "| minus GRPO, paired by seed and question |", "| --- | --- | --- | --- | --- |"]
+        for arm, row in arms.items():
+            ci, g, vs = row["em_ci95"], row.get("gain"), row.get("vs_grpo")
+            lines.append(f"| {ARMS[arm][0]} | {len(row['seeds'])} | {row['em']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] | "
+                         + (f"{g['em']:+.3f} [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}]" if g else "-") + " | "
+                         + (f"{vs['diff']:+.3f} [{vs['ci95'][0]:+.3f}, {vs['ci95'][1]:+.3f}]" if vs else "-") + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def table(summary: dict) -> str:
@@ -146,26 +231,36 @@ def plot(found: dict, out: Path) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", action="store_true", help="run the missing runs first (bench/collapse_corpus.py)")
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    ap.add_argument("--model", choices=list(MODELS), default="toy")
+    ap.add_argument("--run", action="store_true", help="run the missing runs first (bench/collapse_corpus.py; "
+                    "with --model smollm2, bench/smollm2_corpus.py)")
+    ap.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 0-4 (toy), 0-2 (smollm2)")
     ap.add_argument("--corpus", default="bench/collapse_corpus")
     ap.add_argument("--out", default="bench/study")
     args = ap.parse_args(argv)
+    seeds = args.seeds or ([0, 1, 2, 3, 4] if args.model == "toy" else [0, 1, 2])
     corpus, out = (ROOT / args.corpus).resolve(), (ROOT / args.out).resolve()
-    if args.run:
+    if args.run and args.model == "toy":
         from bench import collapse_corpus
 
         variants = [arm + suffix for suffix, _ in REGIMES.values() for arm in ARMS]
-        collapse_corpus.main(["--variants", *variants, "--seeds", *map(str, args.seeds), "--out", str(corpus)])
-    found = collect(corpus, args.seeds)
+        collapse_corpus.main(["--variants", *variants, "--seeds", *map(str, seeds), "--out", str(corpus)])
+    elif args.run:
+        smollm2_corpus.main(["--seeds", *map(str, seeds), "--corpus", str(corpus), "--study", str(out)])
+    found = collect(corpus, seeds, args.model)
     if not found:
-        raise SystemExit(f"no study runs under {corpus / 'toy'}; run: python bench/study.py --run")
+        raise SystemExit(f"no study runs under {corpus / args.model}; run: python bench/study.py --run"
+                         + ("" if args.model == "toy" else f" --model {args.model}"))
     summary = summarise(found)
+    if args.model == "smollm2":
+        summary = {"training": summary, "heldout": heldout(out, found)}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "toy.json").write_text(json.dumps(summary, indent=1) + "\n")
-    plot(found, out / "toy.png")
-    print(table(summary))
-    print(f"-> {out / 'toy.json'}, {out / 'toy.png'}")
+    (out / f"{args.model}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(found, out / f"{args.model}.png")
+    print(table(summary.get("training", summary)))
+    if "heldout" in summary:
+        print(heldout_table(summary["heldout"]))
+    print(f"-> {out / (args.model + '.json')}, {out / (args.model + '.png')}")
 
 
 if __name__ == "__main__":

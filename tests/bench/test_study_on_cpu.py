@@ -45,3 +45,58 @@ def test_the_report_pairs_arms_by_seed_and_counts_collapses(tmp_path, capsys):
 def test_no_recorded_run_says_how_to_make_them(tmp_path):
     with pytest.raises(SystemExit, match="bench/study.py --run"):
         study.main(["--corpus", str(tmp_path), "--out", str(tmp_path / "out")])
+
+
+def write_smollm2(corpus, study_dir, variant, seed, rewards, ems, warm="abc"):
+    """A SmolLM2 run as bench/smollm2_corpus.py leaves it: its corpus file and its held-out rows."""
+    from bench import smollm2_corpus
+
+    metrics = {s: {"critic/score/mean": r, "actor/entropy": 0.5, "probe/logp": -0.1, "search_r1/searches": 1.0}
+               for s, r in enumerate(rewards, 1)}
+    header = {"model": "smollm2-135m-instruct", "variant": variant, "seed": seed, "steps": len(rewards),
+              "fault": False, "warm_start": warm}
+    record(metrics, header, smollm2_corpus.corpus_file(corpus, variant, seed))
+    rows = [{"uid": f"q{i}", "data_source": "nq", "em": e, "f1": e, "answer": "a", "searches": 1}
+            for i, e in enumerate(ems)]
+    smollm2_corpus.write_rows(rows, smollm2_corpus.heldout_file(study_dir, f"{variant}-s{seed}"))
+
+
+def test_smollm2_heldout_em_is_paired_by_seed_and_question(tmp_path, capsys):
+    from bench import smollm2_corpus
+
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    healthy = [0.2, 0.3, 0.4, 0.5, 0.5, 0.5]
+    smollm2_corpus.write_rows([{"uid": f"q{i}", "data_source": "nq", "em": 0.0} for i in range(20)],
+                              smollm2_corpus.heldout_file(out, "warm_start"))
+    for seed in (0, 1, 2):
+        base = [1.0 if i < 4 + seed else 0.0 for i in range(20)]           # GRPO: 4, 5, 6 of 20 right
+        better = [1.0 if i < 6 + seed else 0.0 for i in range(20)]         # LLDS: the same plus 2 more, every seed
+        write_smollm2(corpus, out, "grpo_updates8", seed, healthy, base)
+        write_smollm2(corpus, out, "llds_updates8", seed, healthy, better)
+    study.main(["--model", "smollm2", "--corpus", str(corpus), "--out", str(out)])
+    summary = json.loads((out / "smollm2.json").read_text())
+    held = summary["heldout"]["updates8"]
+    assert held["grpo"]["em"] == pytest.approx(0.25) and held["llds"]["em"] == pytest.approx(0.35)
+    assert held["llds"]["vs_grpo"]["diff"] == pytest.approx(0.1)
+    lo, hi = held["llds"]["vs_grpo"]["ci95"]
+    assert 0 < lo < 0.1 < hi  # questions resampled: the gap is not the same on every draw
+    lo, hi = held["grpo"]["em_ci95"]
+    assert lo < 0.2 and hi > 0.3  # covers the seeds' 0.20..0.30 and the questions' spread
+    assert held["llds"]["gain"]["em"] == pytest.approx(0.35) and held["llds"]["gain"]["warm_start_em"] == 0.0
+    assert summary["training"]["updates8"]["grpo"]["collapsed"] == 0
+    assert "| GRPO+LLDS | 3 | 0.350 [" in capsys.readouterr().out
+
+
+def test_two_level_bootstrap_covers_the_spread_between_seeds():
+    # per seed, every question agrees: resampling questions alone would give a zero-width interval per seed
+    lo, hi = study.bootstrap_two_level([[0.0] * 50, [1.0] * 50, [0.5] * 50])
+    assert lo <= 0.2 and hi >= 0.8
+    assert study.bootstrap_two_level([[0.3] * 10, [0.3] * 10]) == [0.3, 0.3]
+
+
+def test_runs_from_two_warm_starts_are_refused(tmp_path):
+    corpus, out = tmp_path / "corpus", tmp_path / "out"
+    write_smollm2(corpus, out, "grpo", 0, [0.2, 0.3], [1.0, 0.0], warm="abc")
+    write_smollm2(corpus, out, "llds", 0, [0.2, 0.3], [1.0, 0.0], warm="def")
+    with pytest.raises(SystemExit, match="2 different warm starts"):
+        study.main(["--model", "smollm2", "--corpus", str(corpus), "--out", str(out)])

@@ -1,0 +1,223 @@
+"""The study's SmolLM2 runs: GRPO, +LLDS, +LLDS-MA and +SAPO's drift penalty from one warm start, with held-out EM.
+
+    python bench/smollm2_corpus.py --regimes updates8 --seeds 0 1 2          # what is missing, resumable
+    python bench/smollm2_corpus.py --regimes preset --seeds 0 1 --commit    # git-commit each run as it ends
+    python bench/study.py --model smollm2                                   # the report
+
+Each run is ``configs/smollm2_grpo_llds.yaml`` (SmolLM2-135M-Instruct, verl's trainer on 2 CPU ranks with the
+reference model and KL, the hf rollout, the search agent against a live MiniLM retriever over the bundled
+corpus) from the warm start of ``bench/bench_smollm2.py`` (``--parts data,warm``: built when missing), with an
+arm's overrides (:data:`bench.collapse_corpus.ARMS`) and a regime's (:data:`REGIMES`), seeds
+``data.seed = rollout.seed = seed``: every arm of a seed starts from the same weights and sees the same
+questions in the same order. After its last step the run is merged and the search agent answers the 200
+held-out test questions greedily (vLLM's CPU engine, 2 searches, 128 new tokens a turn, as
+``bench/bench_smollm2.py``'s held-out part).
+
+A finished run leaves two files, written in this order, each whole (temporary name, then renamed):
+
+- ``bench/study/smollm2/heldout/<variant>-s<seed>.jsonl``: one row per test question (uid, source, EM, F1,
+  answer, searches);
+- ``bench/collapse_corpus/smollm2/<variant>-s<seed>.jsonl``: the collapse corpus's format (a header, then
+  the kept metrics of each step: :mod:`train.monitor.records`), which the collapse warning's replay reads too.
+
+The corpus file marks the run done: a rerun skips it, and a run cut short (no corpus file) starts over
+from the warm start, never from a half-finished run's checkpoint. ``--commit`` commits the two files at once
+(only those paths), so a machine that is not kept costs at most the run in progress. The checkpoints are
+deleted once the held-out rows are written (about 1.6 GB a run); metrics and logs stay under ``--work``.
+The warm start's own held-out rows (the baseline of every gain) are ``heldout/warm_start.jsonl``; every
+header names the warm start's sha256, and the report refuses runs from two different warm starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_learning import serve  # noqa: E402
+from bench.bench_smollm2 import MODEL, Bench, free_port, read_rows, run  # noqa: E402
+from bench.collapse_corpus import ARMS, record  # noqa: E402
+
+PRESET = "smollm2_grpo_llds"  # the arms' overrides are relative to it (ARMS: llds is the preset as shipped)
+#: regime -> (variant suffix, overrides of the preset): the preset's 2 optimizer updates per rollout batch (4
+#: questions, mini-batches of 2) and 8 (mini-batches of 1, two passes), nearer the released LLDS runs' 10
+REGIMES = {"preset": ("", []),
+           "updates8": ("_updates8", ["actor_rollout_ref.actor.ppo_mini_batch_size=1",
+                                      "actor_rollout_ref.actor.ppo_epochs=2"])}
+#: the held-out evaluation (bench/bench_smollm2.py's): the search agent, greedy, vLLM's CPU engine
+HELDOUT = ["--max-turns", "2", "--max-new-tokens", "128", "--concurrency", "64"]
+HELDOUT_KEYS = ("uid", "data_source", "em", "f1", "answer", "searches")
+
+
+def variants() -> dict[str, list[str]]:
+    """``<arm><suffix>`` -> overrides of :data:`PRESET`."""
+    return {arm + suffix: [*over, *regime] for arm, (_, over) in ARMS.items() for suffix, regime in REGIMES.values()}
+
+
+def corpus_file(corpus: Path, variant: str, seed: int) -> Path:
+    return corpus / "smollm2" / f"{variant}-s{seed}.jsonl"
+
+
+def heldout_file(study: Path, name: str) -> Path:
+    return study / "smollm2" / "heldout" / f"{name}.jsonl"
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def warm_start_id(sft: Path) -> str:
+    """The warm start's identity: the sha256 of its weights (the same on every run of one study)."""
+    files = sorted(sft.glob("*.safetensors"))
+    if not files:
+        raise SystemExit(f"{sft}: no warm start weights (bench/bench_smollm2.py --parts data,warm)")
+    return hashlib.sha256("".join(sha256(f) for f in files).encode()).hexdigest()[:16]
+
+
+def write_rows(rows, path: Path) -> None:
+    """The held-out rows, compact (:data:`HELDOUT_KEYS`), sorted by uid, written whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps({k: r.get(k) for k in HELDOUT_KEYS}) + "\n"
+                           for r in sorted(rows, key=lambda r: r["uid"])))
+    tmp.replace(path)
+
+
+def git_commit(paths: list[Path], message: str) -> None:
+    """Commit exactly ``paths`` (nothing else staged goes with them); a failure is reported, not fatal."""
+    rel = [str(p.relative_to(ROOT)) for p in paths]
+    add = subprocess.run(["git", "add", "--", *rel], cwd=ROOT, capture_output=True, text=True)
+    done = add.returncode == 0 and subprocess.run(
+        ["git", "commit", "-q", "-m", message, "--", *rel], cwd=ROOT, capture_output=True, text=True).returncode == 0
+    print(f"  {'committed' if done else 'NOT committed (git failed)'}: {', '.join(rel)}", flush=True)
+
+
+class Runner:
+    def __init__(self, args):
+        self.a = args
+        self.corpus, self.study, self.work = (ROOT / args.corpus), (ROOT / args.study), (ROOT / args.work)
+        self.bench = Bench(argparse.Namespace(out=args.base, index=args.index, vllm_python=args.vllm_python,
+                                              warm_args=args.warm_args))
+        self.sft = Path(args.base) / "sft"
+
+    def prepare(self) -> str:
+        """The data, the index and the warm start (each reused when there), its held-out rows; its id."""
+        from train.models.registry import resolve
+
+        resolve(MODEL)  # converted? (python -m train.get_model smollm2-135m-instruct)
+        self.bench.part_data()
+        self.bench.part_warm()
+        warm = warm_start_id(self.sft)
+        path = heldout_file(self.study, "warm_start")
+        if not path.is_file():
+            out = self.work / "warm_start" / "heldout.jsonl"
+            self.bench.evaluate(str(self.sft), "search_r1", "vllm", out, extra=HELDOUT)
+            write_rows(read_rows(out).values(), path)
+            if self.a.commit:
+                git_commit([path], f"Study (SmolLM2): the warm start's held-out rows (warm start {warm})")
+        return warm
+
+    def one(self, variant: str, seed: int, overrides: list[str], port: int, warm: str) -> None:
+        from train.evaluation.checkpoint_sweep import merge
+        from train.trainer.metrics_file import read_metrics
+
+        steps, run_dir = self.a.steps, self.work / f"{variant}-s{seed}"
+        final = run_dir / "checkpoints" / f"global_step_{steps}"
+        t0 = time.time()
+        if not (final / "actor").is_dir():  # not trained to the end: from the warm start again
+            shutil.rmtree(run_dir, ignore_errors=True)
+            run_dir.mkdir(parents=True)
+            cmd = [sys.executable, "-m", "train.main", "--config-name", PRESET,
+                   f"actor_rollout_ref.model.path={self.sft}",
+                   f"data.train_files={Path(self.a.base) / 'data' / 'train.parquet'}",
+                   f"data.val_files={Path(self.a.base) / 'data' / 'test.parquet'}",
+                   f"trainer.default_local_dir={run_dir / 'checkpoints'}", f"trainer.total_training_steps={steps}",
+                   f"trainer.save_freq={steps}", f"search_r1.retriever_url=http://127.0.0.1:{port}/retrieve",
+                   f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", *overrides]
+            os.environ.update(VERL_FILE_LOGGER_PATH=str(run_dir / "metrics.jsonl"), VERL_PLATFORM="cpu")
+            try:
+                run(cmd, run_dir / "train.log")
+            finally:
+                os.environ.pop("VERL_FILE_LOGGER_PATH", None)
+        train_s = time.time() - t0
+        metrics = read_metrics(run_dir / "metrics.jsonl")
+        trained = sorted(s for s in metrics if "critic/score/mean" in metrics[s])
+        if trained != list(range(1, steps + 1)):
+            raise SystemExit(f"{run_dir}: steps {trained} logged, expected 1-{steps}; not recorded")
+        merged = run_dir / "merged"
+        if not (merged / "config.json").is_file():
+            merge(final, merged)
+        out = run_dir / "heldout.jsonl"
+        eval_s = self.bench.evaluate(str(merged), "search_r1", "vllm", out, extra=HELDOUT)
+        rows = read_rows(out)
+        em = sum(r["em"] for r in rows.values()) / len(rows)
+        held = heldout_file(self.study, f"{variant}-s{seed}")
+        write_rows(rows.values(), held)
+        header = {"model": MODEL, "variant": variant, "seed": seed, "steps": steps, "preset": PRESET,
+                  "overrides": overrides, "plugins": None, "fault": False, "crashed": False, "error": None,
+                  "warm_start": warm, "heldout_em": round(em, 4), "heldout_questions": len(rows),
+                  "wall_s": round(train_s), "heldout_s": round(eval_s)}
+        path = corpus_file(self.corpus, variant, seed)
+        record(metrics, header, path)
+        rewards = " ".join(f"{metrics[s]['critic/score/mean']:.2f}" for s in trained)
+        print(f"{variant} seed {seed}: trained {train_s:.0f} s, held-out EM {em:.3f} ({eval_s:.0f} s); "
+              f"reward {rewards}", flush=True)
+        if self.a.commit:
+            git_commit([held, path], f"Study (SmolLM2): {variant} seed {seed}, held-out EM {em:.3f}")
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        shutil.rmtree(merged, ignore_errors=True)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--commit", action="store_true", help="git-commit each finished run's two files")
+    ap.add_argument("--corpus", default="bench/collapse_corpus")
+    ap.add_argument("--study", default="bench/study")
+    ap.add_argument("--base", default="runs/smollm2", help="the data and the warm start (bench/bench_smollm2.py's)")
+    ap.add_argument("--work", default="runs/study_smollm2", help="scratch: the runs' checkpoints, metrics and logs")
+    ap.add_argument("--index", default="runs/index/minilm")
+    ap.add_argument("--warm-args", default="--steps 40 --batch 4 --lr 5e-5 --obs-tokens 200")
+    ap.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python")))
+    args = ap.parse_args(argv)
+    if args.steps < 2:
+        ap.error(f"--steps must be >= 2, got {args.steps}")
+    table = variants()
+    # every arm of a seed before the next seed, the collapse regime first: an interruption leaves whole seeds
+    todo = [(arm + REGIMES[r][0], s) for r in args.regimes for s in args.seeds for arm in args.arms]
+    todo = [(v, s) for v, s in todo if not corpus_file(ROOT / args.corpus, v, s).is_file()]
+    print(f"{len(todo)} SmolLM2 runs to do ({args.steps} steps each): {', '.join(f'{v}-s{s}' for v, s in todo)}",
+          flush=True)
+    if not todo:
+        return
+    runner = Runner(args)
+    warm = runner.prepare()
+    runner.work.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    server = serve(Path(args.index), port, runner.work / "retriever.log")
+    try:
+        for i, (variant, seed) in enumerate(todo, 1):
+            print(f"[{i}/{len(todo)}] {variant} seed {seed} ...", flush=True)
+            runner.one(variant, seed, table[variant], port, warm)
+    finally:
+        server.terminate()
+
+
+if __name__ == "__main__":
+    main()
