@@ -8,7 +8,8 @@ from bench import smollm2_corpus
 from train import CONFIG_DIR
 from train.trainer.config_checks import check_config
 
-UPDATES = {"": 2, "_updates8": 8}  # per rollout batch: (questions / mini-batch) x passes
+#: regime suffix -> (optimizer updates per rollout batch: (questions / mini-batch) x passes, learning rate)
+REGIME = {"": (2, 5.0e-6), "_lrx10_updates4": (4, 5.0e-5)}
 
 
 @pytest.mark.parametrize("variant", sorted(smollm2_corpus.variants()))
@@ -21,7 +22,7 @@ def test_every_variant_composes_with_its_method_and_updates(variant, tiny_model_
     arm, _, rest = variant.partition("_")
     actor = cfg.actor_rollout_ref.actor
     updates = cfg.data.train_batch_size // actor.ppo_mini_batch_size * actor.ppo_epochs
-    assert updates == UPDATES["_" + rest if rest else ""]
+    assert (updates, actor.optim.lr) == REGIME["_" + rest if rest else ""]
     assert cfg.llds.enable == (arm in ("llds", "lldsma"))
     assert cfg.drift_penalty.enable == (arm == "drift")
     assert (cfg.llds.get("answer_weight") == "adaptive") == (arm == "lldsma")

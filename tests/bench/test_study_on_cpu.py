@@ -71,11 +71,11 @@ def test_smollm2_heldout_em_is_paired_by_seed_and_question(tmp_path, capsys):
     for seed in (0, 1, 2):
         base = [1.0 if i < 4 + seed else 0.0 for i in range(20)]           # GRPO: 4, 5, 6 of 20 right
         better = [1.0 if i < 6 + seed else 0.0 for i in range(20)]         # LLDS: the same plus 2 more, every seed
-        write_smollm2(corpus, out, "grpo_updates8", seed, healthy, base)
-        write_smollm2(corpus, out, "llds_updates8", seed, healthy, better)
+        write_smollm2(corpus, out, "grpo_lrx10_updates4", seed, healthy, base)
+        write_smollm2(corpus, out, "llds_lrx10_updates4", seed, healthy, better)
     study.main(["--model", "smollm2", "--corpus", str(corpus), "--out", str(out)])
     summary = json.loads((out / "smollm2.json").read_text())
-    held = summary["heldout"]["updates8"]
+    held = summary["heldout"]["lrx10_updates4"]
     assert held["grpo"]["em"] == pytest.approx(0.25) and held["llds"]["em"] == pytest.approx(0.35)
     assert held["llds"]["vs_grpo"]["diff"] == pytest.approx(0.1)
     lo, hi = held["llds"]["vs_grpo"]["ci95"]
@@ -83,7 +83,7 @@ def test_smollm2_heldout_em_is_paired_by_seed_and_question(tmp_path, capsys):
     lo, hi = held["grpo"]["em_ci95"]
     assert lo < 0.2 and hi > 0.3  # covers the seeds' 0.20..0.30 and the questions' spread
     assert held["llds"]["gain"]["em"] == pytest.approx(0.35) and held["llds"]["gain"]["warm_start_em"] == 0.0
-    assert summary["training"]["updates8"]["grpo"]["collapsed"] == 0
+    assert summary["training"]["lrx10_updates4"]["grpo"]["collapsed"] == 0
     assert "| GRPO+LLDS | 3 | 0.350 [" in capsys.readouterr().out
 
 
