@@ -1,6 +1,6 @@
 """The study's SmolLM2 runs: GRPO, +LLDS, +LLDS-MA and +SAPO's drift penalty from one warm start, with held-out EM.
 
-    python bench/smollm2_corpus.py --regimes lrx10_updates4 --seeds 0 1 2          # what is missing, resumable
+    python bench/smollm2_corpus.py --regimes lrx10_updates4 --seeds 0 1 2   # what is missing, resumable
     python bench/smollm2_corpus.py --regimes preset --seeds 0 1 --commit    # git-commit each run as it ends
     python bench/study.py --model smollm2                                   # the report
 
@@ -134,12 +134,13 @@ class Runner:
 
     def one(self, variant: str, seed: int, overrides: list[str], port: int, warm: str) -> None:
         from train.evaluation.checkpoint_sweep import merge
+        from train.trainer import checkpoint_store
         from train.trainer.metrics_file import read_metrics
 
         steps, run_dir = self.a.steps, self.work / f"{variant}-s{seed}"
         final = run_dir / "checkpoints" / f"global_step_{steps}"
         t0 = time.time()
-        if not (final / "actor").is_dir():  # not trained to the end: from the warm start again
+        if checkpoint_store.problems(str(final)):  # not trained and saved whole to the end: from the warm start again
             shutil.rmtree(run_dir, ignore_errors=True)
             run_dir.mkdir(parents=True)
             cmd = [sys.executable, "-m", "train.main", "--config-name", PRESET,
