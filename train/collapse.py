@@ -3,6 +3,8 @@
     python -m train.collapse label  bench/collapse_corpus    # each run's label, from its rewards only
     python -m train.collapse replay bench/collapse_corpus    # every detector's recall, false alarms, lead
     python -m train.collapse fit    bench/collapse_corpus    # the thresholds fitted on every natural run
+    python -m train.collapse replay bench/collapse_corpus/toy --test bench/collapse_corpus/smollm2
+                                          # fitted on the toy's runs, scored on SmolLM2's (never fitted on)
 
 ``replay`` scores, per detector, the runs it was not fitted on: the warning's thresholds are fitted on
 the other folds (``--folds seed``: even seeds vs odd; ``model``: each model on the others). Today's
@@ -65,6 +67,33 @@ def holdout_table(runs, labels, variants: list[str]) -> list[str]:
     return out
 
 
+def test_table(runs, test, labels) -> list[str]:
+    """The levels fitted on every natural run of ``runs`` (what ``collapse_warning.levels`` ships), scored on
+    ``test``: runs of another corpus (another model) that no choice of signal, margin or level saw."""
+    from train.monitor import detectors as d
+    from train.monitor.scoring import fit, score
+
+    natural = [r for r in runs if not r.fault]
+    scored = [r for r in test if not r.fault]
+    faults = [r for r in test if r.fault]
+    if not scored:
+        raise ValueError("--test: no natural run in that corpus")
+    kinds = [labels[r.name].kind for r in scored]
+    models = sorted({str(r.header.get("model")) for r in scored})
+    out = [f"test: {len(scored)} runs of {', '.join(models)} ({kinds.count('collapse')} collapse, "
+           f"{kinds.count('healthy') + kinds.count('transient')} do not, {kinds.count('censored')} censored), "
+           f"levels fitted on the {len(natural)} natural runs above (the shipped ones), never on these", *HEADER]
+    for name, signals in (("warning", d.ALARMING), ("every signal, 2 votes", d.SIGNALS), ("probe only", ("probe",)),
+                          ("ratio only", ("ratio",))):
+        th = fit(natural, labels, signals)
+        out.append(_row(name, score(lambda: d.CollapseWarning(th), scored, labels),
+                        score(lambda: d.CollapseWarning(th), faults, labels)))
+    for name, make in (("lld_alarm (before)", d.TodaysAlarm),
+                       ("reward drop", lambda: d.RuleDetector("reward drop", d.reward_drop()))):
+        out.append(_row(name, score(make, scored, labels), score(make, faults, labels)))
+    return out
+
+
 def table(runs, labels, folds: str = "seed") -> list[str]:
     from train.monitor import detectors as d
     from train.monitor.scoring import cross_validated, fit, score
@@ -108,9 +137,18 @@ def main(argv=None) -> int:
     ap.add_argument("--folds", default="seed", choices=("seed", "model"))
     ap.add_argument("--holdout", nargs="*", default=[], metavar="VARIANT",
                     help="replay: also score these variants' runs with thresholds fitted on the other variants")
+    ap.add_argument("--test", type=Path, default=None, metavar="CORPUS",
+                    help="replay: also score another corpus's runs (another model) with the levels fitted on this one")
     args = ap.parse_args(argv)
     runs = read_corpus(args.corpus)
-    labels = {r.name: label(r) for r in runs}
+    test = read_corpus(args.test) if args.test else []
+    if args.test and args.test.resolve() in [args.corpus.resolve(), *args.corpus.resolve().parents]:
+        raise DataError(f"--test {args.test}: it holds the corpus {args.corpus} the levels are fitted on")
+    clash = {r.name for r in runs} & {r.name for r in test}
+    if clash:
+        raise DataError(f"--test {args.test}: runs named as in {args.corpus} ({', '.join(sorted(clash))}); "
+                        "the test runs must be runs the levels were not fitted on")
+    labels = {r.name: label(r) for r in [*runs, *test]}
     if args.action == "label":
         for r in runs:
             lab = labels[r.name]
@@ -133,6 +171,11 @@ def main(argv=None) -> int:
     if args.holdout:
         try:
             lines = lines[:-2] + [""] + holdout_table(runs, labels, args.holdout) + lines[-2:]
+        except ValueError as e:
+            raise DataError(str(e)) from None
+    if test:
+        try:
+            lines = lines[:-2] + [""] + test_table(runs, test, labels) + lines[-2:]
         except ValueError as e:
             raise DataError(str(e)) from None
     print("\n".join(lines))

@@ -1,6 +1,7 @@
 """CI replays the detectors over the committed collapse corpus (bench/collapse_corpus/, no training): the
-table bench/RESULTS.md shows is what the replay prints today, and the levels the presets ship are the ones
-fitted on that corpus. A change to a signal, the label, the scoring or the corpus that moves a number fails
+tables bench/RESULTS.md shows are what the replay prints today (the toy's runs, fitted and scored across
+folds, then SmolLM2's runs scored with the levels fitted on the toy), and the levels the presets ship are
+the ones fitted on the toy's runs. A change to a signal, the label, the scoring or the corpus that moves a number fails
 here until RESULTS.md and configs/_base.yaml say the new one."""
 
 import json
@@ -10,32 +11,42 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "bench" / "collapse_corpus"
+#: the levels are fitted on the toy's runs only; SmolLM2's runs are the test set no choice saw
+FIT, TEST = CORPUS / "toy", CORPUS / "smollm2"
 #: the variants kept out of every choice of signal and margin (added to the corpus after those choices)
 HOLDOUT = ["grpo_updates4", "grpo_lr2_nokl", "llds_updates4", "lldsma_updates4", "drift_updates4", "llds_updates8",
            "lldsma_updates8", "drift_updates8", "lldsma", "drift"]
 
 
-def replay() -> list[str]:
-    r = subprocess.run([sys.executable, "-m", "train.collapse", "replay", str(CORPUS), "--holdout", *HOLDOUT], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.splitlines()
+def replay(*extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "train.collapse", "replay", *extra], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
 
 
 def test_results_md_holds_the_replayed_table_and_the_presets_ship_the_fitted_levels():
     from omegaconf import OmegaConf
 
-    out = replay()
+    r = replay(str(FIT), "--holdout", *HOLDOUT, "--test", str(TEST))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
     results = (ROOT / "bench" / "RESULTS.md").read_text()
     rows = [line for line in out if line.startswith("| ")]
-    assert len(rows) >= 17, out  # two tables: each a header, a rule, the warning and its baselines
-    assert any(line.startswith("held out:") for line in out), out
-    missing = [line for line in [out[0], *rows] if line not in results]
+    assert len(rows) >= 25, out  # three tables: each a header, a rule, the warning and its baselines
+    titles = [line for line in out if line.startswith(("held out:", "test:"))]
+    assert [t.split(":")[0] for t in titles] == ["held out", "test"], out
+    assert "smollm2-135m-instruct" in titles[1], out
+    missing = [line for line in [out[0], *titles, *rows] if line not in results]
     assert not missing, "bench/RESULTS.md does not hold the replayed table; now:\n" + "\n".join(out)
     fitted = json.loads(out[-1].split(": ", 1)[1])
     base = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "_base.yaml").collapse_warning)
     assert {k: list(v) for k, v in base["levels"].items()} == fitted["levels"]
     assert base["watch_votes"] == fitted["watch_votes"]
+
+
+def test_a_test_corpus_the_levels_were_fitted_on_is_refused():
+    for test in (FIT, CORPUS):  # the fitted corpus itself, or a folder that holds it
+        r = replay(str(FIT), "--test", str(test))
+        assert r.returncode != 0 and "--test" in r.stderr and "fitted on" in r.stderr, r.stderr
 
 
 def test_every_corpus_run_is_complete_and_labelled():
