@@ -2,7 +2,7 @@
 
     python bench/collapse_corpus.py                              # ORDER's variants x seeds 0-4, 16 steps
     python bench/collapse_corpus.py --variants grpo_bf16 --seeds 5 6 7
-    python -m train.collapse replay bench/collapse_corpus        # score the detectors on it
+    python -m train.collapse replay bench/collapse_corpus/toy    # score the detectors on it
     python bench/collapse_corpus.py --rollback --variants grpo_lr5_nokl   # the same runs, rolled back
     python -m train.collapse label bench/collapse_rollback       # did the rollback keep them alive?
 

@@ -1,10 +1,10 @@
 """python -m train.collapse: the collapse warning measured on labelled runs, with no training.
 
-    python -m train.collapse label  bench/collapse_corpus    # each run's label, from its rewards only
-    python -m train.collapse replay bench/collapse_corpus    # every detector's recall, false alarms, lead
-    python -m train.collapse fit    bench/collapse_corpus    # the thresholds fitted on every natural run
+    python -m train.collapse label  bench/collapse_corpus        # each run's label, from its rewards only
+    python -m train.collapse replay bench/collapse_corpus/toy    # every detector's recall, false alarms, lead
+    python -m train.collapse fit    bench/collapse_corpus/toy    # the levels fitted on every natural toy run
     python -m train.collapse replay bench/collapse_corpus/toy --test bench/collapse_corpus/smollm2
-                                          # fitted on the toy's runs, scored on SmolLM2's (never fitted on)
+                                              # fitted on the toy's runs, scored on SmolLM2's (never fitted on)
 
 ``replay`` scores, per detector, the runs it was not fitted on: the warning's thresholds are fitted on
 the other folds (``--folds seed``: even seeds vs odd; ``model``: each model on the others). Today's
