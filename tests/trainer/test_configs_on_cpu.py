@@ -76,6 +76,8 @@ def test_bad_values_are_named():
         check_config(load("grpo", ["+search_r1.top_k=3"]))
     with pytest.raises(ValueError, match="use_v1"):
         check_config(load("grpo", ["trainer.use_v1=true"]))
+    with pytest.raises(ValueError, match="algorithm.filter_groups.enable=true has no effect"):
+        check_config(load("grpo", ["algorithm.filter_groups.enable=true"]))
     with pytest.raises(ValueError, match="drift_penalty.enable needs >= 2 optimizer updates"):
         check_config(load("grpo_drift", ["actor_rollout_ref.actor.ppo_mini_batch_size=520"]))
     with pytest.raises(ValueError, match="drift_penalty.threshold"):
