@@ -17,13 +17,16 @@ over seeds, in two regimes, on the learnable toy task and on SmolLM2-135M-Instru
   collapse label and onset come from its rewards (:mod:`train.monitor.labels`).
 
 Per arm and regime it reports the share of runs that collapsed and their onsets, the final training
-reward (mean of the last 3 steps), and the paired difference against GRPO on the same seed, each with a
+reward (mean of the last 3 steps), the share of trajectories in the protocol's format over those steps
+(``search_r1/valid_format``: where a collapse shows before the reward label can call it), and the paired
+difference against GRPO on the same seed, each with a
 percentile-bootstrap 95% interval over the seeds; it writes ``bench/study/<model>.json`` and the curves
 ``bench/study/<model>.png`` (reward, the fixed probe's log-likelihood of successful trajectories, entropy,
 searches: the mean over seeds, the band their range).
 
 On SmolLM2 (regimes :data:`bench.smollm2_corpus.REGIMES`) each run also answered the 200 held-out test
-questions (``bench/study/smollm2/heldout/``): per arm, held-out greedy EM (mean over seeds), its gain over
+questions (``bench/study/smollm2/heldout/``): per arm, held-out greedy EM (mean over seeds), the share of
+questions it gave an answer to, its gain over
 the warm start and its difference against GRPO, paired by seed and question, with an interval from a
 bootstrap that resamples the seeds and then, within each, the questions (:func:`bootstrap_two_level`): it
 covers the spread between runs as well as the choice of questions.
@@ -48,6 +51,7 @@ from bench.collapse_corpus import ARMS, REGIMES  # noqa: E402
 MODELS = {"toy": REGIMES, "smollm2": smollm2_corpus.REGIMES}
 
 REWARD = "critic/score/mean"
+FORMAT = "search_r1/valid_format"
 FINAL = 3  # the final reward: the mean of the last FINAL steps
 CURVES = [(REWARD, "training reward"), ("probe/logp", "probe log-likelihood\n(successful trajectories)"),
           ("actor/entropy", "entropy"), ("search_r1/searches", "searches per trajectory")]
@@ -108,7 +112,10 @@ def heldout(study: Path, found: dict) -> dict:
                 continue
             seeds = sorted(by_seed)
             ems = [[by_seed[s][u]["em"] for u in sorted(by_seed[s])] for s in seeds]
+            answered = [sum(bool(str(r.get("answer") or "").strip()) for r in by_seed[s].values()) / len(by_seed[s])
+                        for s in seeds]
             row = {"seeds": seeds, "questions": len(ems[0]), "em": sum(map(sum, ems)) / sum(map(len, ems)),
+                   "answered": sum(answered) / len(answered),
                    "em_per_seed": {str(s): round(sum(e) / len(e), 4) for s, e in zip(seeds, ems)},
                    "em_ci95": bootstrap_two_level(ems)}
             if warm:
@@ -126,9 +133,15 @@ def heldout(study: Path, found: dict) -> dict:
     return out
 
 
-def final_reward(run) -> float:
-    values = [v for v in run.series(REWARD) if math.isfinite(v)]
+def final_reward(run, key: str = REWARD) -> float:
+    values = [v for v in run.series(key) if math.isfinite(v)]
     return sum(values[-FINAL:]) / len(values[-FINAL:]) if values else float("nan")
+
+
+def _mean(xs: list[float]) -> float | None:
+    """The mean of the finite values; None (JSON's null) when there is none."""
+    xs = [x for x in xs if math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else None
 
 
 def summarise(found: dict) -> dict:
@@ -153,6 +166,7 @@ def summarise(found: dict) -> dict:
                 "final_reward": sum(finals) / len(finals),
                 "final_reward_ci95": bootstrap_mean(finals) if len(finals) > 1 else None,
                 "final_reward_per_seed": {str(s): round(f, 4) for s, f in zip(seeds, finals)},
+                "final_format": _mean([final_reward(runs[s], FORMAT) for s in seeds]),
                 "peak_reward": sum(max(r.series(REWARD)) for r in runs.values()) / len(runs),
             }
             if arm != "grpo" and len(diffs) > 1:
@@ -165,11 +179,12 @@ def heldout_table(held: dict) -> str:
     lines = []
     for regime, arms in held.items():
         lines += [f"**{regime}** regime: held-out EM, 200 test questions, greedy", "",
-                  "| arm | seeds | EM [95% CI: seeds, then questions] | gain over the warm start "
-                  "| minus GRPO, paired by seed and question |", "| --- | --- | --- | --- | --- |"]
+                  "| arm | seeds | EM [95% CI: seeds, then questions] | answered | gain over the warm start "
+                  "| minus GRPO, paired by seed and question |", "| --- | --- | --- | --- | --- | --- |"]
         for arm, row in arms.items():
             ci, g, vs = row["em_ci95"], row.get("gain"), row.get("vs_grpo")
             lines.append(f"| {ARMS[arm][0]} | {len(row['seeds'])} | {row['em']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] | "
+                         f"{row['answered']:.2f} | "
                          + (f"{g['em']:+.3f} [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}]" if g else "-") + " | "
                          + (f"{vs['diff']:+.3f} [{vs['ci95'][0]:+.3f}, {vs['ci95'][1]:+.3f}]" if vs else "-") + " |")
         lines.append("")
@@ -181,8 +196,8 @@ def table(summary: dict) -> str:
     for regime, arms in summary.items():
         lines += [f"**{regime}** regime", "",
                   "| arm | seeds | collapsed (onset steps) | final reward [95% CI over seeds] "
-                  "| minus GRPO, paired by seed |",
-                  "| --- | --- | --- | --- | --- |"]
+                  "| valid format, last 3 steps | minus GRPO, paired by seed |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         for row in arms.values():
             ci = row["final_reward_ci95"]
             vs = row.get("vs_grpo")
@@ -192,6 +207,7 @@ def table(summary: dict) -> str:
                 f"{f' ({onsets})' if onsets else ''}"
                 f"{f'; {c} still below at the end' if (c := row.get('censored')) else ''} | {row['final_reward']:.3f}"
                 f"{f' [{ci[0]:.3f}, {ci[1]:.3f}]' if ci else ''} | "
+                f"{'-' if row.get('final_format') is None else format(row['final_format'], '.2f')} | "
                 + (f"{vs['diff']:+.3f} [{vs['ci95'][0]:+.3f}, {vs['ci95'][1]:+.3f}]" if vs else "-") + " |")
         lines.append("")
     return "\n".join(lines)

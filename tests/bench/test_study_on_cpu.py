@@ -10,8 +10,8 @@ from bench.collapse_corpus import record, run_file
 
 
 def write(corpus, variant, seed, rewards):
-    metrics = {s: {"critic/score/mean": r, "actor/entropy": 0.5, "probe/logp": -0.1 * s, "search_r1/searches": 1.0}
-               for s, r in enumerate(rewards, 1)}
+    metrics = {s: {"critic/score/mean": r, "actor/entropy": 0.5, "probe/logp": -0.1 * s, "search_r1/searches": 1.0,
+                   "search_r1/valid_format": 1.0 if r > 0 else 0.25} for s, r in enumerate(rewards, 1)}
     header = {"model": "toy", "variant": variant, "seed": seed, "steps": len(rewards), "fault": False}
     record(metrics, header, run_file(corpus, variant, seed))
 
@@ -38,8 +38,8 @@ def test_the_report_pairs_arms_by_seed_and_counts_collapses(tmp_path, capsys):
     assert collapse["llds"]["seeds"] == [0] and "vs_grpo" not in collapse["llds"]
     assert (out / "toy.png").stat().st_size > 10_000
     printed = capsys.readouterr().out
-    assert "| GRPO+LLDS | 3 | 0/3 | 0.710 [0.700, 0.720] | +0.100 [+0.100, +0.100] |" in printed
-    assert "| GRPO | 3 | 3/3 (3, 3, 3) | 0.000 [0.000, 0.000] | - |" in printed
+    assert "| GRPO+LLDS | 3 | 0/3 | 0.710 [0.700, 0.720] | 1.00 | +0.100 [+0.100, +0.100] |" in printed
+    assert "| GRPO | 3 | 3/3 (3, 3, 3) | 0.000 [0.000, 0.000] | 0.25 | - |" in printed  # the format's share too
 
 
 def test_no_recorded_run_says_how_to_make_them(tmp_path):
@@ -47,8 +47,9 @@ def test_no_recorded_run_says_how_to_make_them(tmp_path):
         study.main(["--corpus", str(tmp_path), "--out", str(tmp_path / "out")])
 
 
-def write_smollm2(corpus, study_dir, variant, seed, rewards, ems, warm="abc"):
-    """A SmolLM2 run as bench/smollm2_corpus.py leaves it: its corpus file and its held-out rows."""
+def write_smollm2(corpus, study_dir, variant, seed, rewards, ems, warm="abc", unanswered=0):
+    """A SmolLM2 run as bench/smollm2_corpus.py leaves it: its corpus file and its held-out rows (the last
+    ``unanswered`` of them with no answer)."""
     from bench import smollm2_corpus
 
     metrics = {s: {"critic/score/mean": r, "actor/entropy": 0.5, "probe/logp": -0.1, "search_r1/searches": 1.0}
@@ -56,8 +57,8 @@ def write_smollm2(corpus, study_dir, variant, seed, rewards, ems, warm="abc"):
     header = {"model": "smollm2-135m-instruct", "variant": variant, "seed": seed, "steps": len(rewards),
               "fault": False, "warm_start": warm}
     record(metrics, header, smollm2_corpus.corpus_file(corpus, variant, seed))
-    rows = [{"uid": f"q{i}", "data_source": "nq", "em": e, "f1": e, "answer": "a", "searches": 1}
-            for i, e in enumerate(ems)]
+    rows = [{"uid": f"q{i}", "data_source": "nq", "em": e, "f1": e,
+             "answer": "" if i >= len(ems) - unanswered else "a", "searches": 1} for i, e in enumerate(ems)]
     smollm2_corpus.write_rows(rows, smollm2_corpus.heldout_file(study_dir, f"{variant}-s{seed}"))
 
 
@@ -71,7 +72,7 @@ def test_smollm2_heldout_em_is_paired_by_seed_and_question(tmp_path, capsys):
     for seed in (0, 1, 2):
         base = [1.0 if i < 4 + seed else 0.0 for i in range(20)]           # GRPO: 4, 5, 6 of 20 right
         better = [1.0 if i < 6 + seed else 0.0 for i in range(20)]         # LLDS: the same plus 2 more, every seed
-        write_smollm2(corpus, out, "grpo_lrx10_updates4", seed, healthy, base)
+        write_smollm2(corpus, out, "grpo_lrx10_updates4", seed, healthy, base, unanswered=5)
         write_smollm2(corpus, out, "llds_lrx10_updates4", seed, healthy, better)
     study.main(["--model", "smollm2", "--corpus", str(corpus), "--out", str(out)])
     summary = json.loads((out / "smollm2.json").read_text())
@@ -84,7 +85,9 @@ def test_smollm2_heldout_em_is_paired_by_seed_and_question(tmp_path, capsys):
     assert lo < 0.2 and hi > 0.3  # covers the seeds' 0.20..0.30 and the questions' spread
     assert held["llds"]["gain"]["em"] == pytest.approx(0.35) and held["llds"]["gain"]["warm_start_em"] == 0.0
     assert summary["training"]["lrx10_updates4"]["grpo"]["collapsed"] == 0
-    assert "| GRPO+LLDS | 3 | 0.350 [" in capsys.readouterr().out
+    assert held["grpo"]["answered"] == pytest.approx(0.75) and held["llds"]["answered"] == 1.0
+    printed = capsys.readouterr().out
+    assert "| GRPO+LLDS | 3 | 0.350 [" in printed and "] | 0.75 | " in printed
 
 
 def test_two_level_bootstrap_covers_the_spread_between_seeds():
