@@ -22,7 +22,7 @@ reward (mean of the last 3 steps), the share of trajectories in the protocol's f
 difference against GRPO on the same seed, each with a
 percentile-bootstrap 95% interval over the seeds; it writes ``bench/study/<model>.json`` and the curves
 ``bench/study/<model>.png`` (reward, the fixed probe's log-likelihood of successful trajectories, entropy,
-searches: the mean over seeds, the band their range).
+searches, the format's share: the mean over seeds, the band their range).
 
 On SmolLM2 (regimes :data:`bench.smollm2_corpus.REGIMES`) each run also answered the 200 held-out test
 questions (``bench/study/smollm2/heldout/``): per arm, held-out greedy EM (mean over seeds), the share of
@@ -54,7 +54,8 @@ REWARD = "critic/score/mean"
 FORMAT = "search_r1/valid_format"
 FINAL = 3  # the final reward: the mean of the last FINAL steps
 CURVES = [(REWARD, "training reward"), ("probe/logp", "probe log-likelihood\n(successful trajectories)"),
-          ("actor/entropy", "entropy"), ("search_r1/searches", "searches per trajectory")]
+          ("actor/entropy", "entropy"), ("search_r1/searches", "searches per trajectory"),
+          (FORMAT, "valid format\n(share of trajectories)")]
 
 
 def collect(corpus: Path, seeds: list[int], model: str = "toy") -> dict:
