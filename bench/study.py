@@ -134,7 +134,8 @@ def heldout(study: Path, found: dict) -> dict:
     return out
 
 
-def final_reward(run, key: str = REWARD) -> float:
+def final_mean(run, key: str = REWARD) -> float:
+    """The mean of a run's last FINAL finite values of ``key`` (NaN when it has none)."""
     values = [v for v in run.series(key) if math.isfinite(v)]
     return sum(values[-FINAL:]) / len(values[-FINAL:]) if values else float("nan")
 
@@ -155,9 +156,9 @@ def summarise(found: dict) -> dict:
         for arm, runs in arms.items():
             seeds = sorted(runs)
             labels = {s: label(runs[s]) for s in seeds}
-            finals = [final_reward(runs[s]) for s in seeds]
+            finals = [final_mean(runs[s]) for s in seeds]
             paired = sorted(set(seeds) & set(base))
-            diffs = [final_reward(runs[s]) - final_reward(base[s]) for s in paired]
+            diffs = [final_mean(runs[s]) - final_mean(base[s]) for s in paired]
             row = {
                 "arm": ARMS[arm][0], "seeds": seeds,
                 "collapsed": sum(lab.kind == "collapse" for lab in labels.values()),
@@ -167,7 +168,7 @@ def summarise(found: dict) -> dict:
                 "final_reward": sum(finals) / len(finals),
                 "final_reward_ci95": bootstrap_mean(finals) if len(finals) > 1 else None,
                 "final_reward_per_seed": {str(s): round(f, 4) for s, f in zip(seeds, finals)},
-                "final_format": _mean([final_reward(runs[s], FORMAT) for s in seeds]),
+                "final_format": _mean([final_mean(runs[s], FORMAT) for s in seeds]),
                 "peak_reward": sum(max(r.series(REWARD)) for r in runs.values()) / len(runs),
             }
             if arm != "grpo" and len(diffs) > 1:

@@ -45,10 +45,26 @@ HEADER = ["| detector | recall | median lead (not instant) | false alarms / 100 
           "alarmed | precision | faults caught |", "| --- | --- | --- | --- | --- | --- | --- |"]
 
 
+def _scored_rows(fitted, scored, faults, labels, warnings) -> list[str]:
+    """One row per detector: each warning of ``warnings`` ((name, signals)) with levels fitted on
+    ``fitted``, then the fixed baselines; scored on the natural runs ``scored`` and the faults ``faults``."""
+    from train.monitor import detectors as d
+    from train.monitor.scoring import fit, score
+
+    out = []
+    for name, signals in warnings:
+        th = fit(fitted, labels, signals)
+        make = lambda th=th: d.CollapseWarning(th)  # noqa: E731
+        out.append(_row(name, score(make, scored, labels), score(make, faults, labels)))
+    for name, make in (("lld_alarm (before)", d.TodaysAlarm),
+                       ("reward drop", lambda: d.RuleDetector("reward drop", d.reward_drop()))):
+        out.append(_row(name, score(make, scored, labels), score(make, faults, labels)))
+    return out
+
+
 def holdout_table(runs, labels, variants: list[str]) -> list[str]:
     """Thresholds fitted on the runs of the other variants, scored on these variants' runs only."""
     from train.monitor import detectors as d
-    from train.monitor.scoring import fit, score
 
     test = [r for r in runs if r.header.get("variant") in variants and not r.fault]
     train = [r for r in runs if r.header.get("variant") not in variants and not r.fault]
@@ -57,21 +73,15 @@ def holdout_table(runs, labels, variants: list[str]) -> list[str]:
     n_c = sum(labels[r.name].kind == "collapse" for r in test)
     out = [f"held out: {len(test)} runs of {', '.join(variants)} ({n_c} collapse), thresholds fitted on the "
            f"{len(train)} natural runs of the other variants", *HEADER]
-    for name, signals in (("warning", d.ALARMING), ("every signal, 2 votes", d.SIGNALS), ("ratio only", ("ratio",))):
-        th = fit(train, labels, signals)
-        none = score(lambda: d.Detector(), [], labels)  # no fault among the held-out variants' runs
-        out.append(_row(name, score(lambda: d.CollapseWarning(th), test, labels), none))
-    for name, make in (("lld_alarm (before)", d.TodaysAlarm),
-                       ("reward drop", lambda: d.RuleDetector("reward drop", d.reward_drop()))):
-        out.append(_row(name, score(make, test, labels), score(make, [], labels)))
-    return out
+    # no fault among the held-out variants' runs
+    return out + _scored_rows(train, test, [], labels, (("warning", d.ALARMING), ("every signal, 2 votes", d.SIGNALS),
+                                                        ("ratio only", ("ratio",))))
 
 
 def test_table(runs, test, labels) -> list[str]:
     """The levels fitted on every natural run of ``runs`` (what ``collapse_warning.levels`` ships), scored on
     ``test``: runs of another corpus (another model) that no choice of signal, margin or level saw."""
     from train.monitor import detectors as d
-    from train.monitor.scoring import fit, score
 
     natural = [r for r in runs if not r.fault]
     scored = [r for r in test if not r.fault]
@@ -83,15 +93,9 @@ def test_table(runs, test, labels) -> list[str]:
     out = [f"test: {len(scored)} runs of {', '.join(models)} ({kinds.count('collapse')} collapse, "
            f"{kinds.count('healthy') + kinds.count('transient')} do not, {kinds.count('censored')} censored), "
            f"levels fitted on the {len(natural)} natural runs above (the shipped ones), never on these", *HEADER]
-    for name, signals in (("warning", d.ALARMING), ("every signal, 2 votes", d.SIGNALS), ("probe only", ("probe",)),
-                          ("ratio only", ("ratio",))):
-        th = fit(natural, labels, signals)
-        out.append(_row(name, score(lambda: d.CollapseWarning(th), scored, labels),
-                        score(lambda: d.CollapseWarning(th), faults, labels)))
-    for name, make in (("lld_alarm (before)", d.TodaysAlarm),
-                       ("reward drop", lambda: d.RuleDetector("reward drop", d.reward_drop()))):
-        out.append(_row(name, score(make, scored, labels), score(make, faults, labels)))
-    return out
+    return out + _scored_rows(natural, scored, faults, labels, (
+        ("warning", d.ALARMING), ("every signal, 2 votes", d.SIGNALS), ("probe only", ("probe",)),
+        ("ratio only", ("ratio",))))
 
 
 def table(runs, labels, folds: str = "seed") -> list[str]:

@@ -140,7 +140,7 @@ def check_config(config: DictConfig) -> None:
         raise ConfigError(f"trainer.save_on_sigterm must be true or false, got {config.trainer.save_on_sigterm!r}")
     if config.trainer.get("use_v1", True):
         raise ConfigError("trainer.use_v1 must be false: train.main drives verl's RayPPOTrainer")
-    if ((config.algorithm.get("filter_groups") or {}).get("enable")):  # read by verl's v1 trainer only
+    if (config.algorithm.get("filter_groups") or {}).get("enable"):  # read by verl's v1 trainer only
         raise ConfigError("algorithm.filter_groups.enable=true has no effect here: verl 0.9.1 filters groups only in "
                           "its v1 trainer, and train.main drives RayPPOTrainer; every group is trained on "
                           "(search_r1/flat_groups logs the share whose rewards are all equal)")
