@@ -25,7 +25,15 @@ from the warm start, never from a half-finished run's checkpoint. ``--commit`` c
 (only those paths), so a machine that is not kept costs at most the run in progress. The checkpoints are
 deleted once the held-out rows are written (about 1.6 GB a run); metrics and logs stay under ``--work``.
 The warm start's own held-out rows (the baseline of every gain) are ``heldout/warm_start.jsonl``; every
-header names the warm start's sha256, and the report refuses runs from two different warm starts.
+header names the study's warm start (``warm_start``: the sha256 of the weights its first run used) and the
+weights the run itself started from (``warm_start_weights``), and the report refuses runs from two different
+warm starts. The warm start is not kept between machines (1.6 GB) and its rebuild is not bit-exact on another
+CPU (the same recipe gave loss 2.124 -> 0.158 on two machines, with other bits). A rebuilt warm start whose
+sha256 differs from the study's counts as the study's when its greedy held-out answers agree with the recorded
+ones on at least :data:`SAME_ANSWERS` of the questions and its EM is within :data:`SAME_EM` of theirs (checked
+once per rebuild, about 4 minutes; vLLM's greedy decoding is not batch-invariant, so even the same weights
+need not repeat every answer); the run's header keeps the check (``warm_start_check``). Otherwise the runner
+stops and says why: new runs could not be paired with the recorded ones.
 """
 
 from __future__ import annotations
@@ -89,6 +97,37 @@ def warm_start_id(sft: Path) -> str:
     return hashlib.sha256("".join(sha256(f) for f in files).encode()).hexdigest()[:16]
 
 
+def recorded_warm_starts(corpus: Path) -> set[str]:
+    """The warm starts the recorded SmolLM2 runs name (one, in a sound study; none before its first run)."""
+    found = set()
+    for path in sorted((corpus / "smollm2").glob("*.jsonl")):
+        with open(path) as f:
+            found.add(json.loads(f.readline())["run"].get("warm_start"))
+    return found
+
+
+#: a rebuilt warm start is the study's when at least this share of its greedy held-out answers are the recorded
+#: ones and its EM is within SAME_EM of theirs (2 questions of 200): the two builds of 2026-12-05/06 gave
+#: held-out EM 0.135 and 0.140 from one recipe
+SAME_ANSWERS, SAME_EM = 0.95, 0.01
+
+
+def differing(new: dict[str, dict], recorded: dict[str, dict]) -> list[str]:
+    """The held-out questions where ``new`` differs from ``recorded`` (answer, EM or searches, or missing)."""
+    return sorted(u for u in recorded.keys() | new.keys()
+                  if u not in new or u not in recorded
+                  or any(new[u].get(k) != recorded[u].get(k) for k in ("answer", "em", "searches")))
+
+
+def same_warm_start(new: dict[str, dict], recorded: dict[str, dict]) -> dict:
+    """How far a rebuilt warm start's held-out rows are from the recorded ones, and whether that is the same."""
+    differ = differing(new, recorded)
+    em_new, em_old = (sum(r["em"] for r in rows.values()) / max(len(rows), 1) for rows in (new, recorded))
+    share = 1 - len(differ) / len(recorded)
+    return {"answers_equal": round(share, 4), "differ": differ[:5], "em": round(em_new, 4),
+            "recorded_em": round(em_old, 4), "same": share >= SAME_ANSWERS and abs(em_new - em_old) <= SAME_EM}
+
+
 def write_rows(rows, path: Path) -> None:
     """The held-out rows, compact (:data:`HELDOUT_KEYS`), sorted by uid, written whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,24 +154,44 @@ class Runner:
                                               warm_args=args.warm_args))
         self.sft = Path(args.base) / "sft"
 
-    def prepare(self) -> str:
-        """The data, the index and the warm start (each reused when there), its held-out rows; its id."""
+    def prepare(self) -> tuple[str, str, dict | None]:
+        """The data, the index and the warm start (each reused when there), its held-out rows; the study's warm
+        start id and the sha256 of the weights on this machine (equal, or checked equivalent: module doc)."""
         from train.models.registry import resolve
 
         resolve(MODEL)  # converted? (python -m train.get_model smollm2-135m-instruct)
         self.bench.part_data()
         self.bench.part_warm()
-        warm = warm_start_id(self.sft)
+        weights = warm_start_id(self.sft)
+        recorded = recorded_warm_starts(self.corpus)
+        if len(recorded) > 1:
+            raise SystemExit(f"{self.corpus / 'smollm2'}: runs from {len(recorded)} warm starts ({sorted(recorded)})")
         path = heldout_file(self.study, "warm_start")
+        if recorded == {weights} or (not recorded and path.is_file()):
+            return weights, weights, None
+        out = self.work / "warm_start" / "heldout.jsonl"
+        self.bench.evaluate(str(self.sft), "search_r1", "vllm", out, extra=HELDOUT)
+        rows = read_rows(out)
         if not path.is_file():
-            out = self.work / "warm_start" / "heldout.jsonl"
-            self.bench.evaluate(str(self.sft), "search_r1", "vllm", out, extra=HELDOUT)
-            write_rows(read_rows(out).values(), path)
+            write_rows(rows.values(), path)
             if self.a.commit:
-                git_commit([path], f"Study (SmolLM2): the warm start's held-out rows (warm start {warm})")
-        return warm
+                git_commit([path], f"Study (SmolLM2): the warm start's held-out rows (warm start {weights})")
+            return weights, weights, None
+        (study,) = recorded
+        check = same_warm_start(rows, read_rows(path))
+        said = (f"its greedy held-out answers agree with {path} on {check['answers_equal']:.1%} of the questions "
+                f"(first differing: {', '.join(check['differ'][:3]) or '-'}), EM {check['em']:.3f} against "
+                f"{check['recorded_em']:.3f}")
+        if not check["same"]:
+            raise SystemExit(
+                f"{self.sft}: this warm start (weights {weights}) is not the study's ({study}): {said}; the study "
+                f"asks >= {SAME_ANSWERS:.0%} and EM within {SAME_EM}. Runs from it cannot be paired with the "
+                f"{self.corpus / 'smollm2'} runs: record a new study in another --corpus/--study")
+        print(f"warm start rebuilt: weights {weights}, not the study's {study} bit for bit; {said}: counted as the "
+              "study's", flush=True)
+        return study, weights, check
 
-    def one(self, variant: str, seed: int, overrides: list[str], port: int, warm: str) -> None:
+    def one(self, variant: str, seed: int, overrides: list[str], port: int, warm: tuple[str, str, dict | None]) -> None:
         from train.evaluation.checkpoint_sweep import merge
         from train.trainer import checkpoint_store
         from train.trainer.metrics_file import read_metrics
@@ -171,7 +230,9 @@ class Runner:
         write_rows(rows.values(), held)
         header = {"model": MODEL, "variant": variant, "seed": seed, "steps": steps, "preset": PRESET,
                   "overrides": overrides, "plugins": None, "fault": False, "crashed": False, "error": None,
-                  "warm_start": warm, "heldout_em": round(em, 4), "heldout_questions": len(rows),
+                  "warm_start": warm[0], "warm_start_weights": warm[1],
+                  **({"warm_start_check": warm[2]} if warm[2] else {}),
+                  "heldout_em": round(em, 4), "heldout_questions": len(rows),
                   "wall_s": round(train_s), "heldout_s": round(eval_s)}
         path = corpus_file(self.corpus, variant, seed)
         record(metrics, header, path)
