@@ -76,6 +76,21 @@ def collect(corpus: Path, seeds: list[int], model: str = "toy") -> dict:
     return found
 
 
+def rebuilt_note(found: dict) -> str | None:
+    """The runs that started from a rebuilt copy of the study's warm start (bench/smollm2_corpus.py checked
+    its held-out answers), with that check: a reader sees which pairs are not bit-identical at step 0."""
+    rebuilt = sorted((r.name, r.header["warm_start_weights"], r.header.get("warm_start_check") or {})
+                     for arms in found.values() for runs in arms.values() for r in runs.values()
+                     if r.header.get("warm_start_weights") not in (None, r.header.get("warm_start")))
+    if not rebuilt:
+        return None
+    parts = [f"{name} (weights {w}: answers agree on {c.get('answers_equal', 0):.1%}, "
+             f"EM {c.get('em', float('nan')):.3f} vs {c.get('recorded_em', float('nan')):.3f})"
+             for name, w, c in rebuilt]
+    return (f"{len(rebuilt)} run(s) started from a rebuilt warm start that counts as the study's by its held-out "
+            "answers, not bit for bit: " + "; ".join(parts))
+
+
 def bootstrap_two_level(per_seed: list[list[float]], n: int = 2000, seed: int = 0) -> list[float]:
     """Percentile-bootstrap 95% interval of the mean of per-question values over seeds: each replicate
     draws the seeds with replacement and then, within each drawn seed, its questions with replacement."""
@@ -278,6 +293,9 @@ def main(argv=None) -> None:
     print(table(summary.get("training", summary)))
     if "heldout" in summary:
         print(heldout_table(summary["heldout"]))
+    note = rebuilt_note(found)
+    if note:
+        print(note + "\n")
     print(f"-> {out / (args.model + '.json')}, {out / (args.model + '.png')}")
 
 

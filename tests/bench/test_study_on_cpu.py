@@ -47,7 +47,7 @@ def test_no_recorded_run_says_how_to_make_them(tmp_path):
         study.main(["--corpus", str(tmp_path), "--out", str(tmp_path / "out")])
 
 
-def write_smollm2(corpus, study_dir, variant, seed, rewards, ems, warm="abc", unanswered=0):
+def write_smollm2(corpus, study_dir, variant, seed, rewards, ems, warm="abc", unanswered=0, **extra):
     """A SmolLM2 run as bench/smollm2_corpus.py leaves it: its corpus file and its held-out rows (the last
     ``unanswered`` of them with no answer)."""
     from bench import smollm2_corpus
@@ -55,7 +55,7 @@ def write_smollm2(corpus, study_dir, variant, seed, rewards, ems, warm="abc", un
     metrics = {s: {"critic/score/mean": r, "actor/entropy": 0.5, "probe/logp": -0.1, "search_r1/searches": 1.0}
                for s, r in enumerate(rewards, 1)}
     header = {"model": "smollm2-135m-instruct", "variant": variant, "seed": seed, "steps": len(rewards),
-              "fault": False, "warm_start": warm}
+              "fault": False, "warm_start": warm, **extra}
     record(metrics, header, smollm2_corpus.corpus_file(corpus, variant, seed))
     rows = [{"uid": f"q{i}", "data_source": "nq", "em": e, "f1": e,
              "answer": "" if i >= len(ems) - unanswered else "a", "searches": 1} for i, e in enumerate(ems)]
@@ -88,6 +88,15 @@ def test_smollm2_heldout_em_is_paired_by_seed_and_question(tmp_path, capsys):
     assert held["grpo"]["answered"] == pytest.approx(0.75) and held["llds"]["answered"] == 1.0
     printed = capsys.readouterr().out
     assert "| GRPO+LLDS | 3 | 0.350 [" in printed and "] | 0.75 | " in printed
+    assert "rebuilt warm start" not in printed
+
+    check = {"answers_equal": 0.97, "em": 0.14, "recorded_em": 0.14, "same": True}
+    write_smollm2(corpus, out, "llds_lrx10_updates4", 2, healthy, better, warm_start_weights="def",
+                  warm_start_check=check)
+    study.main(["--model", "smollm2", "--corpus", str(corpus), "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert ("1 run(s) started from a rebuilt warm start" in printed
+            and "llds_lrx10_updates4-s2 (weights def: answers agree on 97.0%, EM 0.140 vs 0.140)" in printed)
 
 
 def test_two_level_bootstrap_covers_the_spread_between_seeds():
