@@ -107,9 +107,9 @@ def recorded_warm_starts(corpus: Path) -> set[str]:
 
 
 #: a rebuilt warm start is the study's when at least this share of its greedy held-out answers are the recorded
-#: ones and its EM is within SAME_EM of theirs (2 questions of 200): the two builds of 2026-12-05/06 gave
-#: held-out EM 0.135 and 0.140 from one recipe
-SAME_ANSWERS, SAME_EM = 0.95, 0.01
+#: ones and its EM is within SAME_EM of theirs (2 questions of 200). The scale: 10 steps of RL leave 0.00-0.36 of
+#: the warm start's answers unchanged, and two seeds of one arm agree on 0.27 (the recorded runs of 2026-12-06)
+SAME_ANSWERS, SAME_EM = 0.90, 0.01
 
 
 def differing(new: dict[str, dict], recorded: dict[str, dict]) -> list[str]:
