@@ -167,6 +167,9 @@ class Runner:
         if len(recorded) > 1:
             raise SystemExit(f"{self.corpus / 'smollm2'}: runs from {len(recorded)} warm starts ({sorted(recorded)})")
         path = heldout_file(self.study, "warm_start")
+        if recorded and recorded != {weights} and not path.is_file():
+            raise SystemExit(f"{path}: missing, and the warm start here (weights {weights}) is not the one the "
+                             f"recorded runs name ({', '.join(sorted(recorded))}): nothing to check it against")
         if recorded == {weights} or (not recorded and path.is_file()):
             return weights, weights, None
         out = self.work / "warm_start" / "heldout.jsonl"

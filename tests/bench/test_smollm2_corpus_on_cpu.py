@@ -94,3 +94,10 @@ def test_a_rebuilt_warm_start_counts_as_the_study_one_only_when_it_answers_alike
     runner.bench.rows = recorded[:89]  # questions lost count as differences
     with pytest.raises(SystemExit, match="89.0%"):
         runner.prepare()
+
+
+def test_a_rebuilt_warm_start_with_no_recorded_rows_to_check_against_is_refused(tmp_path, monkeypatch):
+    runner, _ = study_runner(tmp_path, monkeypatch, "bbb", rows=[])
+    smollm2_corpus.heldout_file(runner.study, "warm_start").unlink()
+    with pytest.raises(SystemExit, match="missing, and the warm start here .* not the one the recorded runs name"):
+        runner.prepare()
