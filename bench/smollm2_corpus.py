@@ -99,11 +99,9 @@ def warm_start_id(sft: Path) -> str:
 
 def recorded_warm_starts(corpus: Path) -> set[str]:
     """The warm starts the recorded SmolLM2 runs name (one, in a sound study; none before its first run)."""
-    found = set()
-    for path in sorted((corpus / "smollm2").glob("*.jsonl")):
-        with open(path) as f:
-            found.add(json.loads(f.readline())["run"].get("warm_start"))
-    return found
+    from train.monitor.records import read_run
+
+    return {read_run(path).header.get("warm_start") for path in sorted((corpus / "smollm2").glob("*.jsonl"))}
 
 
 #: a rebuilt warm start is the study's when at least this share of its greedy held-out answers are the recorded

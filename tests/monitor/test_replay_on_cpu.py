@@ -9,13 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import refresh_results
+
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "bench" / "collapse_corpus"
 #: the levels are fitted on the toy's runs only; SmolLM2's runs are the test set no choice saw
 FIT, TEST = CORPUS / "toy", CORPUS / "smollm2"
-#: the variants kept out of every choice of signal and margin (added to the corpus after those choices)
-HOLDOUT = ["grpo_updates4", "grpo_lr2_nokl", "llds_updates4", "lldsma_updates4", "drift_updates4", "llds_updates8",
-           "lldsma_updates8", "drift_updates8", "lldsma", "drift"]
+#: the variants kept out of every choice of signal and margin: the ones RESULTS.md's command names
+HOLDOUT = refresh_results.HOLDOUT
 
 
 def replay(*extra: str) -> subprocess.CompletedProcess:
