@@ -3,8 +3,13 @@
 ``sabotage_flipped``: verl's vanilla PPO loss with the advantage sign flipped (the policy is pushed
 away from what the reward favours). ``sabotage_zero``: the vanilla loss times zero (no policy
 gradient; the KL and LLDS terms stay). A pipeline that learns with ``vanilla`` must not with these.
+``sabotage_unlikely``: the vanilla loss with every response token's advantage set to -1, whatever the reward:
+each update lowers the likelihood of what the policy just sampled, the displacement LLD describes made
+extreme. Unlike ``sabotage_flipped``, whose push ends once every reward is 0 (GRPO's advantages are then 0),
+it goes on every step, so it is the positive control for the collapse warning (it must raise the ALARM).
 """
 
+import torch
 from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, register_policy_loss
 
 
@@ -13,6 +18,13 @@ def flipped(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="to
             rollout_is_weights=None):
     return compute_policy_loss_vanilla(old_log_prob, log_prob, -advantages, response_mask, loss_agg_mode,
                                        config, rollout_is_weights)
+
+
+@register_policy_loss("sabotage_unlikely")
+def unlikely(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+             rollout_is_weights=None):
+    return compute_policy_loss_vanilla(old_log_prob, log_prob, -torch.ones_like(advantages), response_mask,
+                                       loss_agg_mode, config, rollout_is_weights)
 
 
 @register_policy_loss("sabotage_zero")

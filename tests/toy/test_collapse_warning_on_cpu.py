@@ -1,7 +1,11 @@
-"""The collapse warning live: a toy run with an injected fault (the advantage sign flipped, so the policy is
-pushed away from what the reward favours: a positive control, bench/collapse_corpus.py's fault_flipped)
-must raise the alarm, save the step and end the attempt, and with collapse_warning.action=rollback go on
-from the checkpoint before the warning began with half the learning rate.
+"""The collapse warning live: a toy run with an injected fault (tests/sabotage.py's sabotage_unlikely: every
+update lowers the likelihood of what the policy just sampled, whatever the reward) must raise the alarm with
+the shipped levels, save the step and end the attempt, and with collapse_warning.action=rollback go on from
+the checkpoint before the warning began with half the learning rate.
+The advantage sign flipped (sabotage_flipped) is no such control here: its push ends once every reward is 0,
+which it reaches in 1-2 steps, so whether the probe crossed a level by then depended on the run (one CI run
+on 2026-12-07 stayed quiet for 12 steps even with lowered levels). This fault's probe drop grew every step
+(0.19, 0.46 at steps 2-3; the ALARM at step 3, again at step 4 after the rollback).
 The healthy run's side (no alarm) is asserted on the learning run (tests/toy/test_learning_on_cpu.py)."""
 
 import math
@@ -15,12 +19,6 @@ import pytest
 from tests.conftest import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-#: the probe's levels for this run: the fault's flipped sign drives the reward to 0 within 2-3 steps, after which
-#: no learning signal is left to move the probe; one run on 2026-12-05 stayed below 0.39 (0.093 at step 4) for
-#: 12 steps, under the shipped levels' WATCH (0.69), while the corpus's run of the same seed reached 0.96 at
-#: step 4. The shipped levels' hit rate is the replay's to measure (tests/monitor/test_replay_on_cpu.py); this
-#: test checks what an ALARM does (the rollback), so it uses a level such a run crosses by step 4.
-PROBE_LEVELS = "collapse_warning.levels.probe=[0.04,0.08]"
 STEPS = 12
 
 
@@ -48,8 +46,8 @@ def test_an_injected_fault_raises_the_alarm_and_rollback_resumes_from_before_the
             f"trainer.default_local_dir={ckpt}", f"search_r1.retriever_url={server.url}/retrieve",
             f"trainer.total_training_steps={STEPS}", "trainer.val_before_train=false", "trainer.test_freq=-1",
             "trainer.save_freq=1", "llds.enable=false", "data.seed=1", "actor_rollout_ref.rollout.seed=1",
-            "actor_rollout_ref.actor.policy_loss.loss_mode=sabotage_flipped", "collapse_warning.action=rollback",
-            "collapse_warning.max_rollbacks=1", "collapse_warning.rollback_lr_scale=0.5", PROBE_LEVELS]
+            "actor_rollout_ref.actor.policy_loss.loss_mode=sabotage_unlikely", "collapse_warning.action=rollback",
+            "collapse_warning.max_rollbacks=1", "collapse_warning.rollback_lr_scale=0.5"]
     try:
         r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     finally:

@@ -49,7 +49,7 @@ def test_user_plugins_are_imported_in_every_process_that_imports_verl():
     r = fresh("import verl\n"
               "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY\n"
               "import train.plugin\n"
-              "assert {'sabotage_flipped', 'sabotage_zero'} <= set(POLICY_LOSS_REGISTRY), "
+              "assert {'sabotage_flipped', 'sabotage_zero', 'sabotage_unlikely'} <= set(POLICY_LOSS_REGISTRY), "
               "sorted(POLICY_LOSS_REGISTRY)\n"
               "print(train.plugin.REGISTERED['user_plugins'])",
               env={"SEARCH_R1_PLUGINS": f"json, {ROOT / 'tests' / 'sabotage.py'}"})
