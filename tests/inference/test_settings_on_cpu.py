@@ -51,6 +51,8 @@ def non_default(settings: AskSettings, model: str) -> AskSettings:
             changes[f.name] = "direct"  # asks no retriever, so the URL, index and corpus below are only carried
         elif f.name == "device":
             changes[f.name] = "cpu"
+        elif f.name == "dtype":
+            changes[f.name] = "bfloat16"  # the hf engine loads the tiny model in bf16 on the CPU
         elif isinstance(d, bool):
             changes[f.name] = not d
         elif isinstance(d, int) or d is None and "num" in f.name:
@@ -83,6 +85,8 @@ def test_a_bad_value_names_its_flag(capsys):
 
     refuses(infer.main, ["q", "--topk", "0"], capsys, "--topk must be >= 1", code=2)
     refuses(infer.main, ["q", "--gpu-memory-utilization", "1.5"], capsys, "--gpu-memory-utilization must be in", code=2)
+    refuses(infer.main, ["q", "--dtype", "fp8"], capsys,
+            "--dtype must be one of auto, bfloat16, float16, float32, got 'fp8'", code=2)
 
 
 def test_every_setting_reaches_each_worker_of_a_two_engine_pool(tiny_model_dir, tmp_path):
@@ -120,3 +124,14 @@ def test_a_worker_refuses_settings_it_cannot_read(tmp_path):
     r = subprocess.run([sys.executable, "-m", "train.evaluation.engine_worker", "--settings", '{"extra": 1}'],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown fields ['extra']" in r.stderr, r.stderr
+
+
+def test_dtype_reaches_the_hf_engine(tiny_model_dir):
+    """``--dtype``: auto keeps fp32 on the CPU; a named type is the one the model is loaded in."""
+    import torch
+
+    from train.inference.backends import make_generator
+
+    for dtype, want in (("auto", torch.float32), ("bfloat16", torch.bfloat16)):
+        gen = make_generator(AskSettings(model=str(tiny_model_dir), device="cpu", dtype=dtype))
+        assert {p.dtype for p in gen.model.parameters()} == {want}, dtype

@@ -122,13 +122,14 @@ def make_generator(settings: AskSettings):
 
         check_model_path(model)
         try:
-            return HFBatchedServerManager.from_pretrained(os.path.expanduser(model), device=settings.device,
-                                                          seed=settings.seed)
+            return HFBatchedServerManager.from_pretrained(
+                os.path.expanduser(model), device=settings.device, seed=settings.seed,
+                dtype=None if settings.dtype == "auto" else settings.dtype)
         except OSError as e:
             raise InferenceError(f"cannot load model {model!r}: {e}".split("\n")[0]) from None
     if settings.backend == "vllm":
-        return VLLMServerManager(model, seed=settings.seed, tensor_parallel_size=settings.tensor_parallel_size,
-                                 **settings.vllm_engine())
+        return VLLMServerManager(model, dtype=settings.dtype, seed=settings.seed,
+                                 tensor_parallel_size=settings.tensor_parallel_size, **settings.vllm_engine())
     raise InferenceError(f"--backend must be hf or vllm, got {settings.backend!r}")
 
 

@@ -39,6 +39,12 @@ DEFAULT_MODEL = "SEGAgentRL/LLDS-A-GSPO-Qwen2.5-3B-Ins"
 #: that vLLM checks against its *free* memory at start: leave room for the retriever's shard on the
 #: same GPU (docs/training.md, "GPU memory per GPU").
 VLLM_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 16384, "gpu_memory_utilization": 0.85}
+#: ``--dtype``: the weights' and activations' type. ``auto``: with ``--backend hf``, bf16 on a GPU and fp32 on
+#: the CPU; with vLLM, the model's config (bf16 for Qwen2.5 and SmolLM2). vLLM's CPU build computes a bf16
+#: linear layer with a oneDNN kernel only where the CPU has bf16 instructions (AVX-512 BF16 / AMX); elsewhere
+#: it falls back to a torch matmul about 4.7x slower than fp32 (an AMD EPYC Zen 3: 4,096 greedy tokens of
+#: SmolLM2-135M in 154.0 s in bf16, 32.6 s in fp32). Greedy answers may differ between types.
+DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class AskSettings:
     temperature: float = 0.0
     seed: int = 0
     device: Optional[str] = None
+    dtype: str = "auto"
     concurrency: int = 256
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = VLLM_DEFAULTS["gpu_memory_utilization"]
@@ -112,6 +119,8 @@ class AskSettings:
             out.append("--max-num-seqs must be >= 1")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             out.append(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.dtype not in DTYPES:
+            out.append(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.tensor_parallel_size > 1 and self.backend != "vllm":
             out.append("--tensor-parallel-size needs --backend vllm")
         return out
@@ -139,6 +148,9 @@ def add_flags(ap: argparse.ArgumentParser, *, sampling: bool = True,
         ap.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
         ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--device", default=d.device)
+    ap.add_argument("--dtype", default=d.dtype, help="auto (hf: bf16 on a GPU, fp32 on the CPU; vLLM: the model's "
+                    "config), bfloat16, float16 or float32; on a CPU without bf16 instructions float32 is the fast one "
+                    "with vLLM")
     ap.add_argument("--concurrency", type=int, default=d.concurrency, help=concurrency_help)
     ap.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size,
                     help="GPUs per vLLM engine (default %(default)s)")
