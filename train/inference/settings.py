@@ -42,8 +42,8 @@ VLLM_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 16384, "gpu_memo
 #: ``--dtype``: the weights' and activations' type. ``auto``: with ``--backend hf``, bf16 on a GPU and fp32 on
 #: the CPU; with vLLM, the model's config (bf16 for Qwen2.5 and SmolLM2). vLLM's CPU build computes a bf16
 #: linear layer with a oneDNN kernel only where the CPU has bf16 instructions (AVX-512 BF16 / AMX); elsewhere
-#: it falls back to a torch matmul about 4.7x slower than fp32 (an AMD EPYC Zen 3: 4,096 greedy tokens of
-#: SmolLM2-135M in 154.0 s in bf16, 32.6 s in fp32). Greedy answers may differ between types.
+#: it falls back to a torch matmul, 5.15x slower than fp32 on an AMD EPYC Zen 3 (bench/bench_vllm_dtype.py).
+#: Greedy answers may differ between types.
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
