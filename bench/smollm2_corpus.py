@@ -199,7 +199,7 @@ class Runner:
 
         steps, run_dir = self.a.steps, self.work / f"{variant}-s{seed}"
         final = run_dir / "checkpoints" / f"global_step_{steps}"
-        t0 = time.time()
+        t0, trained_here = time.time(), False
         if checkpoint_store.problems(str(final)):  # not trained and saved whole to the end: from the warm start again
             shutil.rmtree(run_dir, ignore_errors=True)
             run_dir.mkdir(parents=True)
@@ -215,7 +215,9 @@ class Runner:
                 run(cmd, run_dir / "train.log")
             finally:
                 os.environ.pop("VERL_FILE_LOGGER_PATH", None)
-        train_s = time.time() - t0
+            trained_here = True
+        # trained by an earlier call (stopped during its evaluation): that call's time is not known here
+        train_s = round(time.time() - t0) if trained_here else None
         metrics = read_metrics(run_dir / "metrics.jsonl")
         trained = sorted(s for s in metrics if "critic/score/mean" in metrics[s])
         if trained != list(range(1, steps + 1)):
@@ -234,11 +236,12 @@ class Runner:
                   "warm_start": warm[0], "warm_start_weights": warm[1],
                   **({"warm_start_check": warm[2]} if warm[2] else {}),
                   "heldout_em": round(em, 4), "heldout_questions": len(rows),
-                  "wall_s": round(train_s), "heldout_s": round(eval_s)}
+                  "wall_s": train_s, "heldout_s": round(eval_s)}
         path = corpus_file(self.corpus, variant, seed)
         record(metrics, header, path)
         rewards = " ".join(f"{metrics[s]['critic/score/mean']:.2f}" for s in trained)
-        print(f"{variant} seed {seed}: trained {train_s:.0f} s, held-out EM {em:.3f} ({eval_s:.0f} s); "
+        trained_in = f"trained {train_s} s" if train_s is not None else "trained earlier"
+        print(f"{variant} seed {seed}: {trained_in}, held-out EM {em:.3f} ({eval_s:.0f} s); "
               f"reward {rewards}", flush=True)
         if self.a.commit:
             git_commit([held, path], f"Study (SmolLM2): {variant} seed {seed}, held-out EM {em:.3f}")
