@@ -43,7 +43,7 @@ def one(model: str, dtype: str, prompts: int, tokens: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="a folder or a name of train/models/registry.py")
-    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--child", help=argparse.SUPPRESS)

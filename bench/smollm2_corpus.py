@@ -199,7 +199,8 @@ class Runner:
 
         steps, run_dir = self.a.steps, self.work / f"{variant}-s{seed}"
         final = run_dir / "checkpoints" / f"global_step_{steps}"
-        t0, trained_here = time.time(), False
+        # None: trained by an earlier call (stopped during its evaluation), whose time is not known here
+        t0, train_s = time.time(), None
         if checkpoint_store.problems(str(final)):  # not trained and saved whole to the end: from the warm start again
             shutil.rmtree(run_dir, ignore_errors=True)
             run_dir.mkdir(parents=True)
@@ -215,9 +216,7 @@ class Runner:
                 run(cmd, run_dir / "train.log")
             finally:
                 os.environ.pop("VERL_FILE_LOGGER_PATH", None)
-            trained_here = True
-        # trained by an earlier call (stopped during its evaluation): that call's time is not known here
-        train_s = round(time.time() - t0) if trained_here else None
+            train_s = round(time.time() - t0)
         metrics = read_metrics(run_dir / "metrics.jsonl")
         trained = sorted(s for s in metrics if "critic/score/mean" in metrics[s])
         if trained != list(range(1, steps + 1)):
