@@ -1,11 +1,13 @@
 """The collapse warning live: a toy run with an injected fault (tests/sabotage.py's sabotage_unlikely: every
-update lowers the likelihood of what the policy just sampled, whatever the reward) must raise the alarm with
-the shipped levels, save the step and end the attempt, and with collapse_warning.action=rollback go on from
-the checkpoint before the warning began with half the learning rate.
-The advantage sign flipped (sabotage_flipped) is no such control here: its push ends once every reward is 0,
-which it reaches in 1-2 steps, so whether the probe crossed a level by then depended on the run (one CI run
-on 2026-12-07 stayed quiet for 12 steps even with lowered levels). This fault's probe drop grew every step
-(0.19, 0.46 at steps 2-3; the ALARM at step 3, again at step 4 after the rollback).
+update lowers the likelihood of what the policy just sampled, whatever the reward, with no PPO clip) must raise
+the alarm with the shipped levels, save the step and end the attempt, and with collapse_warning.action=rollback
+go on from the checkpoint before the warning began with half the learning rate.
+The advantage sign flipped (sabotage_flipped) is no such control: its push ends once every reward is 0, which
+it reaches in 1-2 steps. With PPO's clip kept, the -1 advantage stopped pushing a token once its ratio fell
+below 0.8, and the probe's drop stalled near 0.2-0.3 for ten steps in one of three runs (2026-12-07). Without
+the clip it grew every step: ALARM at steps 4, 6 and 6 in three runs (the probe 0.28, 0.55, 1.17 at steps 2-4
+in the first). The second attempt, at half the learning rate, may alarm again on any step up to the last
+(exit 5) or not at all (exit 0); both ends are checked as what they must be.
 The healthy run's side (no alarm) is asserted on the learning run (tests/toy/test_learning_on_cpu.py)."""
 
 import math

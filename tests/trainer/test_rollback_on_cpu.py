@@ -166,3 +166,29 @@ def test_the_rollback_benchmark_refuses_a_bad_scale(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and "--rollback-lr-scale needs --rollback and a value in (0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("last_step", [True, False])
+def test_an_alarm_stops_the_run_even_on_its_last_step(tmp_path, monkeypatch, last_step):
+    """The stop is raised where verl's loop starts a step; after the last step there is none, so an ALARM on the
+    last step must stop the run from ``fit`` itself (before this, such a run ended with exit 0 and no rollback)."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from train.monitor.detectors import Decision, Level
+    from train.trainer.ray_trainer import SearchR1Trainer
+    from train.trainer.sigterm import COLLAPSE_FLAG
+
+    def fit(self):  # verl's loop: the ALARM at step 12, saved; on the last step nothing starts a 13th step
+        self._alarm_stop, self._alarm_began, self._saved_step = Decision(12, Level.ALARM, ("probe",),
+                                                                         (("probe", 1.05),)), 9, 12
+        if not last_step:
+            self._start_profiling(False)
+
+    monkeypatch.setattr(RayPPOTrainer, "fit", fit)
+    trainer = SearchR1Trainer.__new__(SearchR1Trainer)
+    trainer.config = _config(tmp_path)
+    trainer._init_dump_executor()  # verl's __init__ does this; the stop drains it
+    trainer.fit()
+    stop = Stop.read(str(tmp_path / COLLAPSE_FLAG))
+    assert stop is not None and (stop.step, stop.began) == (12, 9)
+    assert "ALARM at step 12: probe 1.05" in stop.text and "saved as global_step_12" in stop.text

@@ -125,7 +125,11 @@ class SearchR1Trainer(RayPPOTrainer):
 
         try:
             with metrics_file.appending():  # verl's file logger would truncate the run's metrics
-                return super().fit()
+                out = super().fit()
+            if hasattr(self, "_alarm_stop"):  # the ALARM came on the last step: verl's loop ended before the
+                # next step's start, where a stop is raised; the step is saved, and the run stops as on any other
+                raise CollapseStop(self._alarm_stop, getattr(self, "_saved_step", None))
+            return out
         except CollapseStop as stop:  # the driver rolls back, or exits 5 with this text (train.trainer.launch)
             from train.files import atomic_write
             from train.trainer.rollback import Stop
