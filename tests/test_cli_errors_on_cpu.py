@@ -119,6 +119,20 @@ def test_evaluate_refuses_to_resume_onto_other_data(tmp_path, qa_path, capsys, t
                  "--retriever-url", bm25_server.url], generator=NeverCalled()) == 2
     assert "holds results for other data: 1 rows" in capsys.readouterr().err
 
+    # every row done, with no record of what made them: taken as this run's (nothing asked), the record written
+    rows = load_rows(str(tmp_path / "d" / "test.parquet"), None, None)
+    out.write_text("".join(json.dumps({**r, "answer": "x", "em": 0.0, "f1": 0.0}) + "\n" for r in rows))
+    assert main(["--model", "m", "--data", str(tmp_path / "d" / "test.parquet"), "--out", str(out),
+                 "--retriever-url", bm25_server.url], generator=NeverCalled()) == 0
+    side = tmp_path / "eval.jsonl.settings.json"
+    assert json.loads(side.read_text())["max_turns"] == 4
+    # the same questions, asked before with a smaller search budget: refused, naming the setting
+    side.write_text(json.dumps({**json.loads(side.read_text()), "max_turns": 1}))
+    assert main(["--model", "m", "--data", str(tmp_path / "d" / "test.parquet"), "--out", str(out),
+                 "--retriever-url", bm25_server.url], generator=NeverCalled()) == 2
+    err = capsys.readouterr().err
+    assert f"eval.jsonl holds {len(rows)} rows made with other settings" in err and "max_turns 1 there, 4 now" in err, err
+
 
 def test_fault_handling_flags_and_keys(capsys, tmp_path):
     """The values added for issues 20 and 21 are checked, each with its name in the message."""

@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import os
 import sys
+from typing import Optional
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-async def _run(args, asker) -> int:
+async def _run(args, asker, made_by: Optional[dict] = None) -> int:
     from tqdm import tqdm
 
     from train.inference.results_file import ResultsFile
@@ -95,7 +96,7 @@ async def _run(args, asker) -> int:
         return 0
     rows = args.rows
     out_path = args.out or args.file + ".answers.jsonl"
-    answers = ResultsFile(out_path, rows, key="id", same=("question",),
+    answers = ResultsFile(out_path, rows, key="id", same=("question",), made_by=made_by,
                           log=lambda m: print(m, file=sys.stderr)).open()
     todo = answers.todo()
     bar = tqdm(total=len(todo), desc="questions", file=sys.stderr)
@@ -148,7 +149,7 @@ def main(argv=None, generator=None) -> int:
     args.rows = read_questions(args.file) if args.file else None  # bad lines fail before any loading
     try:
         asker = build_asker(settings, generator)
-        return asyncio.run(_run(args, asker))
+        return asyncio.run(_run(args, asker, settings.answer_settings()))
     except EngineDead as e:
         raise EngineDead(f"{e}; the answers written so far are kept: rerun the same command for the others") from None
 

@@ -300,8 +300,11 @@ def test_every_checkpoint_evaluated_best_step_resumable(learn_task, learn_server
     assert best == max(rows, key=lambda r: (r["em"], -r["step"]))
     assert f"best step: {best['step']} (EM {best['em']:.3f})" in captured.out
     assert (out / "em_vs_step.png").stat().st_size > 10_000
-    assert sorted(p.name for p in out.iterdir()) == ["best.json", "em_vs_step.png", "global_step_10.jsonl",
-                                                     "global_step_5.jsonl", "steps.jsonl"]  # merges deleted
+    assert sorted(p.name for p in out.iterdir()) == [
+        "best.json", "em_vs_step.png", "global_step_10.jsonl", "global_step_10.jsonl.settings.json",
+        "global_step_5.jsonl", "global_step_5.jsonl.settings.json", "steps.jsonl"]  # merges deleted
+    made_by = {s: json.loads((out / f"global_step_{s}.jsonl.settings.json").read_text()) for s in (5, 10)}
+    assert made_by[5]["weights"] != made_by[10]["weights"]  # each step's own weights, merged in a temporary folder
     for r in rows:  # a step's EM is its jsonl's
         per = rows_of(out / f"global_step_{r['step']}.jsonl")
         assert abs(r["em"] - sum(d["em"] for d in per.values()) / 20) < 1e-9

@@ -84,3 +84,47 @@ def test_infer_and_the_evaluator_use_it():
     for path in ("train/infer.py", "train/evaluation/runner.py"):
         text = (root / path).read_text()
         assert "ResultsFile(" in text and "os.replace" not in text and '.tmp"' not in text, path
+
+
+MADE_BY = {"weights": "aaaa", "model_path": "/m/a", "backend": "hf", "dtype": "auto", "method": "search_r1",
+           "max_turns": 4, "topk": 3, "max_new_tokens": 500, "temperature": 0.0}
+
+
+def test_a_resume_with_another_model_or_budget_is_refused_naming_what_differs(tmp_path):
+    path = tmp_path / "r.jsonl"
+    with ResultsFile(path, ROWS, key="uid", same=("question", "golds"), made_by=MADE_BY, log=lambda m: None) as f:
+        f.append(result(ROWS[0]))
+    assert json.loads((tmp_path / "r.jsonl.settings.json").read_text()) == MADE_BY
+    other = {**MADE_BY, "weights": "bbbb", "model_path": "/m/b", "max_turns": 2}
+    with pytest.raises(DataError, match=r"r.jsonl holds 1 rows made with other settings .*: max_turns 4 there, 2 now; "
+                                        r"weights 'aaaa' there, 'bbbb' now \(the model there: /m/a\); pass another "
+                                        r"--out, or delete the file and r.jsonl.settings.json to start over"):
+        ResultsFile(path, ROWS, key="uid", same=("question", "golds"), made_by=other).open()
+    assert [d["uid"] for d in lines(path)] == ["u0"]  # nothing lost
+    assert json.loads((tmp_path / "r.jsonl.settings.json").read_text()) == MADE_BY  # nor the record
+    # the same weights from another folder (a copy) resume: the path is recorded, not compared
+    moved = {**MADE_BY, "model_path": "/elsewhere/a"}
+    with ResultsFile(path, ROWS, key="uid", same=("question", "golds"), made_by=moved, log=lambda m: None) as f:
+        assert [r["uid"] for r in f.todo()] == ["u1", "u2", "u3"]
+
+
+def test_rows_without_a_settings_record_resume_with_a_note_and_get_one(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(result(ROWS[1])) + "\n")
+    printed = []
+    with ResultsFile(path, ROWS, key="uid", same=("question", "golds"), made_by=MADE_BY, log=printed.append) as f:
+        assert len(f.todo()) == 3
+    assert printed[0] == (f"{path}: no record of the settings that made its 1 rows (r.jsonl.settings.json); they "
+                          "are taken as this run's")
+    assert json.loads((tmp_path / "r.jsonl.settings.json").read_text()) == MADE_BY
+
+
+def test_a_fresh_file_replaces_a_stale_record_and_an_unreadable_one_is_named(tmp_path):
+    path, side = tmp_path / "r.jsonl", tmp_path / "r.jsonl.settings.json"
+    side.write_text(json.dumps({**MADE_BY, "weights": "old"}))  # its rows were deleted: no rows, no conflict
+    with ResultsFile(path, ROWS, key="uid", made_by=MADE_BY, log=lambda m: None) as f:
+        f.append(result(ROWS[0]))
+    assert json.loads(side.read_text())["weights"] == "aaaa"
+    side.write_text("{cut")
+    with pytest.raises(DataError, match=r"r.jsonl.settings.json: unreadable .*delete both to start over"):
+        ResultsFile(path, ROWS, key="uid", made_by=MADE_BY).open()

@@ -79,6 +79,28 @@ def test_round_trip_and_replace():
     assert AskSettings(concurrency=64).vllm_engine()["max_num_seqs"] == 64
 
 
+def test_answer_settings_name_the_weights_and_what_decides_an_answer(tmp_path):
+    import shutil
+
+    from train.models.registry import weights_id
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    (a / "model.safetensors").write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+    shutil.copytree(a, tmp_path / "copy")
+    b.mkdir()
+    (b / "model.safetensors").write_bytes(bytes(range(256)) * 2048 + bytes(reversed(range(256))) * 2048)
+    assert weights_id(str(a)) == weights_id(str(tmp_path / "copy")) != weights_id(str(b))
+    assert weights_id("Qwen/Qwen2.5-3B") == "name:Qwen/Qwen2.5-3B" and weights_id(None) == "name:None"
+    s = AskSettings(model=str(a), max_turns=2)
+    made = s.answer_settings()
+    assert made["weights"] == weights_id(str(a)) and made["model_path"] == str(a) and made["max_turns"] == 2
+    assert "seed" not in made and s.replace(temperature=1.0, seed=3).answer_settings()["seed"] == 3
+    # where the retriever is, the device and the engine's sizes do not decide an answer: a resume may change them
+    assert s.replace(retriever_url="http://127.0.0.1:9", concurrency=7, device="cpu",
+                     max_num_seqs=3).answer_settings() == made
+
+
 def test_a_bad_value_names_its_flag(capsys):
     from tests.conftest import refuses
     from train import infer

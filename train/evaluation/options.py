@@ -17,7 +17,8 @@ DESCRIPTION = """The 7-benchmark evaluation: greedy inference over a test parque
         [--sources nq,hotpotqa] [--limit N] [--out runs/eval/CKPT.jsonl] [--paper-row "3B-Ins GRPO+LLDS"]
     python -m train.evaluate --checkpoints CKPT_DIR --data data/processed/val_sample.parquet [--out DIR]
 
-Per-sample results go to one jsonl (resumable: rows already there are skipped); the table prints EM
+Per-sample results go to one jsonl (resumable: rows already there are skipped, while the model and
+the settings recorded beside it in <out>.settings.json are the same; otherwise refused); the table prints EM
 (and F1) per data_source and the macro average, beside the paper's numbers when a row is given. With
 GPUs, one engine per GPU (--engines, default all). --method picks the Search-R1 agent or a baseline of
 the paper's table (direct answer, chain of thought, RAG with the top-k passages). --checkpoints

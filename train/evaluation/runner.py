@@ -39,16 +39,17 @@ class FailureWindow:
 
 
 async def evaluate(rows: list[dict], asker, out_path: Path, max_failure_rate: float = 0.5,
-                   stats: Optional[dict] = None) -> list[dict]:
+                   stats: Optional[dict] = None, made_by: Optional[dict] = None) -> list[dict]:
     """Ask every row not already in ``out_path`` and append its result there. ``stats`` (when given)
-    gets ``asked``, ``generated_tokens`` and ``wall_s`` of this call."""
+    gets ``asked``, ``generated_tokens`` and ``wall_s`` of this call; ``made_by``: the settings that decide
+    the answers, recorded beside the file and checked on a resume (:class:`ResultsFile`)."""
     import time
 
     from tqdm import tqdm
 
     from train.search_r1.reward import compute_score
 
-    results_file = ResultsFile(out_path, rows, key="uid", same=("question", "golds")).open()
+    results_file = ResultsFile(out_path, rows, key="uid", same=("question", "golds"), made_by=made_by).open()
     todo = results_file.todo()
     bar = tqdm(total=len(todo), desc="evaluating", file=sys.stderr, unit="q")
     window = FailureWindow(max_failure_rate)
@@ -116,17 +117,18 @@ def run_model(opts: "EvalOptions", model: str, rows: list[dict], out: Path, gene
     from train.inference.asker import build_asker
 
     settings = opts.ask.replace(model=model)
+    made_by = settings.answer_settings()
     devices = [None] if generator is not None else plan(opts.engines, settings.tensor_parallel_size, visible_gpus())
     stats: dict = {"engines": len(devices), "gpus": sum(len(d.split(",")) for d in devices if d)}
     if len(devices) == 1:
         asker = build_asker(settings, generator)
-        return asyncio.run(evaluate(rows, asker, out, opts.max_failure_rate, stats)), stats
+        return asyncio.run(evaluate(rows, asker, out, opts.max_failure_rate, stats, made_by)), stats
 
     async def pooled():
         pool = EnginePool(settings, devices, out)
         await pool.start()
         try:
-            return await evaluate(rows, pool, out, opts.max_failure_rate, stats)
+            return await evaluate(rows, pool, out, opts.max_failure_rate, stats, made_by)
         finally:
             await pool.close()
             stats["reasked"] = pool.reasked

@@ -8,6 +8,11 @@ evaluator). :class:`ResultsFile`:
   a row for the same id but another question (or gold answers) means the file belongs to other input:
   refused with a :class:`~train.errors.DataError` naming the file and the id. The file is rewritten
   without what was skipped (:func:`train.files.atomic_write`), so appends start on a whole line;
+- **settings**: what made the rows (``made_by``: :meth:`train.inference.settings.AskSettings.answer_settings`,
+  the weights, backend, dtype, method, search budget and sampling) is kept beside the file
+  (``<file>.settings.json``). A resume with other settings is refused, naming what differs: rows of two models
+  or two search budgets never mix in one file. Rows with no such record (a file from before it existed) are
+  resumed with a note; the record is written then;
 - **append**: each finished row is written and flushed at once (a crash loses no finished row);
 - **finish**: the file is rewritten with the input's rows first, in input order (appends come in the
   order questions finished), then any row for other ids that an earlier run left.
@@ -38,9 +43,13 @@ def _lines(rows) -> str:
 class ResultsFile:
     """A resumable jsonl of results for ``rows`` (each with ``key`` and the ``same`` fields)."""
 
+    #: recorded in the settings file for a reader, not compared (a copied model folder is the same model)
+    UNCOMPARED = ("model_path",)
+
     def __init__(self, path: str | Path, rows: Sequence[dict], *, key: str, same: Sequence[str] = ("question",),
-                 log=print):
+                 made_by: Optional[dict] = None, log=print):
         self.path, self.key, self.same, self.log = Path(path), key, tuple(same), log
+        self.made_by = dict(made_by) if made_by is not None else None
         self.rows = list(rows)
         self.done: dict[str, dict] = {}
         self._f: Optional[IO[str]] = None
@@ -80,6 +89,7 @@ class ResultsFile:
             raise DataError(f"{self.path} holds results for other data: {len(stale)} rows (e.g. {self.key} "
                             f"{stale[0]!r}) have a different {what} than the input; pass another --out, or "
                             f"delete the file to start over")
+        self._check_settings(done)
         self.done = done
         ours = sum(k in done for k in by_id)
         if ours:
@@ -89,6 +99,35 @@ class ResultsFile:
             atomic_write(self.path, _lines(done.values()))
         self._f = open(self.path, "a", encoding="utf-8")
         return self
+
+    @property
+    def settings_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".settings.json")
+
+    def _check_settings(self, done: dict[str, dict]) -> None:
+        """Refuse rows made with other settings than ``made_by``; then record ``made_by`` beside the file."""
+        if self.made_by is None:
+            return
+        side = self.settings_path
+        if done and side.is_file():
+            try:
+                before = json.loads(side.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as e:
+                raise DataError(f"{side}: unreadable ({e}); it records what made the rows of {self.path}: "
+                                f"delete both to start over") from None
+            differ = [k for k in sorted(before.keys() | self.made_by.keys())
+                      if k not in self.UNCOMPARED and before.get(k) != self.made_by.get(k)]
+            if differ:
+                said = "; ".join(f"{k} {before.get(k)!r} there, {self.made_by.get(k)!r} now" for k in differ)
+                was = f" (the model there: {before['model_path']})" if "weights" in differ and before.get(
+                    "model_path") else ""
+                raise DataError(f"{self.path} holds {len(done)} rows made with other settings ({side}): {said}"
+                                f"{was}; pass another --out, or delete the file and {side.name} to start over")
+        elif done:
+            self.log(f"{self.path}: no record of the settings that made its {len(done)} rows ({side.name}); "
+                     "they are taken as this run's")
+        side.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(side, json.dumps(self.made_by, indent=1, sort_keys=True) + "\n")
 
     def todo(self) -> list[dict]:
         """The input rows without a result yet, in input order."""

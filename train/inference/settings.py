@@ -45,6 +45,8 @@ VLLM_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 16384, "gpu_memo
 #: it falls back to a torch matmul, 5.15x slower than fp32 on an AMD EPYC Zen 3 (bench/bench_vllm_dtype.py).
 #: Greedy answers may differ between types.
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+#: the fields besides the weights that decide an answer (:meth:`AskSettings.answer_settings`)
+ANSWER_FIELDS = ("backend", "dtype", "method", "max_turns", "topk", "max_new_tokens", "temperature")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,18 @@ class AskSettings:
         if "model" in settings:  # a name of train/models/registry.py -> its converted folder
             settings["model"] = models.resolve(settings["model"])
         return cls(**settings)
+
+    def answer_settings(self) -> dict:
+        """What decides the answers, as a results file records it beside its rows
+        (:class:`train.inference.results_file.ResultsFile`): the model's weights
+        (:func:`train.models.registry.weights_id`), the backend and its dtype, the method, the search budget
+        and the sampling. Not the retriever's address, the device or the engine's sizes: those change
+        between resumes of one evaluation (a new port) without changing what is asked."""
+        out = {"weights": models.weights_id(self.model), "model_path": self.model,
+               **{name: getattr(self, name) for name in ANSWER_FIELDS}}
+        if self.temperature > 0:
+            out["seed"] = self.seed
+        return out
 
     def replace(self, **changes) -> "AskSettings":
         return dataclasses.replace(self, **changes)

@@ -11,6 +11,7 @@ No torch or transformers import here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -102,3 +103,27 @@ def provenance(folder: str | os.PathLike) -> Optional[dict]:
     """What a converted folder came from (its :data:`READY_FILE`), None for any other folder."""
     path = Path(folder) / READY_FILE
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+#: weight files :func:`weights_id` reads, and how many evenly spaced 64 KiB blocks of each
+WEIGHT_FILES, ID_BLOCKS = ("*.safetensors", "*.bin", "*.pt"), 16
+
+
+def weights_id(model: Optional[str]) -> str:
+    """A short identity of a model folder's weights: a sha256 over each weight file's name and size and
+    :data:`ID_BLOCKS` blocks spread over it (the first holds a safetensors header), so it costs milliseconds
+    even for a 7B model. Training changes every block, so two checkpoints differ; a copy of a folder is the
+    same model. A hub id or a folder without weight files is its own name (compared as such)."""
+    folder = Path(model) if model else None
+    files = sorted(f for pattern in WEIGHT_FILES for f in folder.glob(pattern)) if folder and folder.is_dir() else []
+    if not files:
+        return f"name:{model}"
+    h = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}\n".encode())
+        with open(f, "rb") as fh:
+            for i in range(ID_BLOCKS + 1):  # the blocks at 0, 1/16, ..., and the last one
+                fh.seek(min(size * i // ID_BLOCKS, max(size - (1 << 16), 0)))
+                h.update(fh.read(1 << 16))
+    return h.hexdigest()[:16]
