@@ -16,6 +16,7 @@
 #   9. the checks (python -m train.demo check): reward rose, held-out EM rose, the run resumed, the plots
 #      exist, the collapse warning raised no alarm; the demo exits 1 naming any that failed
 # STEPS=N changes the number of training steps (default 30); DEMO_DIR the output folder.
+source "$(dirname "$0")/_group.sh"  # a TERM to this script stops its stages too
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_python.sh

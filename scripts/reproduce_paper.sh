@@ -11,6 +11,7 @@
 # train.evaluate on the test set (EVAL_OUT names its jsonl), STEPS_ARGS to the per-checkpoint evaluation.
 # Stages: wiki-18 + indexes -> FlashRAG data -> retriever (e5 flat on GPUs) -> training -> merge the
 # chosen checkpoint to HF format -> evaluation table beside the paper's row.
+source "$(dirname "$0")/_group.sh"  # a TERM to this script stops its stages too
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_common.sh

@@ -12,6 +12,7 @@
 # CHECK=tags passes on the protocol alone (a search, then an answer, right or wrong): CI's quick twin,
 # `STEPS=5 CHECK=tags make smollm2`, whose warm start is too short to answer reliably.
 # docs/real-model.md says how the question was chosen and how many held-out questions this model answers.
+source "$(dirname "$0")/_group.sh"  # a TERM to this script stops its stages too
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_python.sh

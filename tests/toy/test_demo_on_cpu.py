@@ -141,3 +141,65 @@ def test_the_test_question_is_a_held_out_nq_question(capsys):
     recs = [json.loads(line) for line in (DATA_DIR / "qa.jsonl").read_text().splitlines()]
     rec = next(r for r in recs if r["question"] == q)
     assert rec["id"] in test and rec["dataset"] == "nq"
+
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """The live descendants of ``pid``: {pid: command line}."""
+    import subprocess
+
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,stat=,args="], capture_output=True, text=True).stdout
+    procs = [line.split(None, 3) for line in out.splitlines() if line.strip()]
+    children: dict[int, list] = {}
+    for p, pp, stat, args in procs:
+        if not stat.startswith("Z"):
+            children.setdefault(int(pp), []).append((int(p), args))
+    found, todo = {}, [pid]
+    while todo:
+        for child, args in children.get(todo.pop(), []):
+            found[child] = args
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_term_to_the_demo_script_alone_stops_its_running_stage(tmp_path):
+    """`kill PID` (or a scheduler, or `timeout`) signals the script, not its stage: bash would die and leave the
+    stage (here the warm start's training, minutes of both cores) running as an orphan. scripts/_group.sh runs
+    the stages as one process group under the script's PID and passes the TERM on to all of them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "DEMO_DIR": str(tmp_path / "demo"), "PYTHON": sys.executable, "PORT": "1"}
+    env.pop("_STAGES_GROUP", None)
+    script = subprocess.Popen(["bash", "scripts/demo.sh"], cwd=Path(__file__).resolve().parents[2], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    stage: list[int] = []
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not stage:  # the first stage: python -m train.learnable
+            time.sleep(0.5)
+            stage = [p for p, args in _descendants(script.pid).items() if "-m train.learnable" in args]
+        assert stage, "the demo's first stage did not start within 120 s"
+        script.send_signal(signal.SIGTERM)  # to the script's PID alone, as `kill PID` does
+        assert script.wait(timeout=60) == 143
+        deadline = time.time() + 30
+        while any(map(_alive, stage)) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not any(map(_alive, stage)), "the stage ran on after its script was stopped"
+    finally:
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+        for pid in stage:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
