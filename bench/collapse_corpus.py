@@ -68,7 +68,9 @@ ORDER = ["grpo_bf16", "llds", "grpo_updates4", "grpo_lr2_nokl", "grpo", "grpo_up
 MORE = ["llds_bf16", "llds_updates8"]
 #: the arms of the LLDS-vs-GRPO study (bench/study.py): arm -> (name, overrides)
 ARMS = {"grpo": ("GRPO", GRPO), "llds": ("GRPO+LLDS", []), "lldsma": ("GRPO+LLDS-MA", LLDS_MA),
-        "drift": ("GRPO+SAPO drift", DRIFT)}
+        "drift": ("GRPO+SAPO drift", DRIFT),
+        # GRPO with no update on a step where every advantage is 0 (docs/training.md, flat_steps.skip_update)
+        "skipflat": ("GRPO, flat steps skipped", GRPO + ["flat_steps.skip_update=true"])}
 #: its regimes: name -> (variant suffix, overrides): the preset's (cpu_learn.yaml, 2 optimizer updates per
 #: rollout batch) and more updates per batch, the knob that collapsed plain GRPO in the corpus
 REGIMES = {"preset": ("", []), "updates4": ("_updates4", UPDATES4), "updates8": ("_updates8", UPDATES8)}

@@ -82,6 +82,11 @@ def test_bad_values_are_named():
         check_config(load("grpo_drift", ["actor_rollout_ref.actor.ppo_mini_batch_size=520"]))
     with pytest.raises(ValueError, match="drift_penalty.threshold"):
         check_config(load("grpo_drift", ["drift_penalty.threshold=0"]))
+    with pytest.raises(ValueError, match="flat_steps: the one key is skip_update, true or false"):
+        check_config(load("grpo", ["flat_steps.skip_update=maybe"]))
+    with pytest.raises(ValueError, match="flat_steps: the one key is skip_update"):
+        check_config(load("grpo", ["+flat_steps.skip_updates=true"]))
+    check_config(load("grpo", ["flat_steps.skip_update=true"]))
 
 
 CPU_PRESETS = ["cpu_smoke", "cpu_learn", "smollm2_grpo", "smollm2_grpo_llds", "smollm2_grpo_drift"]

@@ -192,3 +192,45 @@ def test_an_alarm_stops_the_run_even_on_its_last_step(tmp_path, monkeypatch, las
     stop = Stop.read(str(tmp_path / COLLAPSE_FLAG))
     assert stop is not None and (stop.step, stop.began) == (12, 9)
     assert "ALARM at step 12: probe 1.05" in stop.text and "saved as global_step_12" in stop.text
+
+
+@pytest.mark.parametrize("skip_update", [True, False])
+def test_a_step_with_no_advantage_skips_the_update_when_asked(tmp_path, monkeypatch, capsys, skip_update):
+    """flat_steps.skip_update: a step whose every advantage is 0 (all groups flat) makes no optimizer step; a step
+    with one nonzero advantage trains; off (the default), every step trains, as in verl."""
+    import torch
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from train.trainer import ray_trainer
+    from train.trainer.ray_trainer import UPDATE_SKIPPED, SearchR1Trainer, no_learning_signal
+
+    updates = []
+
+    def update(self, batch):  # verl's update: one optimizer pass, its metrics
+        updates.append(self.global_steps)
+        return DataProto.from_single_dict(data={}, meta_info={"metrics": {"actor/pg_loss": [0.1]}})
+
+    monkeypatch.setattr(RayPPOTrainer, "_update_actor", update)
+    for name in ("search_metrics", "behaviour_metrics"):  # read the rollout's fields, not what this test is about
+        monkeypatch.setattr(ray_trainer, name, lambda batch: {})
+    monkeypatch.setattr(SearchR1Trainer, "_probe_displacement", lambda self, batch: {})
+    trainer = SearchR1Trainer.__new__(SearchR1Trainer)
+    trainer.config = OmegaConf.merge(_config(tmp_path, action="warn", enable=False),
+                                     {"flat_steps": {"skip_update": skip_update}})
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]])
+    flat = DataProto.from_single_dict({"advantages": torch.zeros(4, 3), "response_mask": mask})
+    # a nonzero advantage on a padding token is no signal; on a response token it is
+    padded = DataProto.from_single_dict({"advantages": torch.tensor([[0, 0, 0.5], *[[0.0] * 3] * 3]),
+                                         "response_mask": mask})
+    signal = DataProto.from_single_dict({"advantages": torch.tensor([[0, 0, 0], [0, 0, -0.7], *[[0.0] * 3] * 2]),
+                                         "response_mask": mask})
+    assert no_learning_signal(flat) and no_learning_signal(padded) and not no_learning_signal(signal)
+    logged = {}
+    for step, batch in ((1, flat), (2, signal), (3, padded)):
+        trainer.global_steps = step
+        logged[step] = trainer._update_actor_with_metrics(batch).meta_info["metrics"][UPDATE_SKIPPED]
+    assert updates == ([2] if skip_update else [1, 2, 3])
+    assert logged == ({1: [1.0], 2: [0.0], 3: [1.0]} if skip_update else {1: [0.0], 2: [0.0], 3: [0.0]})
+    said = capsys.readouterr().out
+    assert ("step 1: every advantage is 0" in said) == skip_update and "step 2: every advantage" not in said

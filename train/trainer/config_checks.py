@@ -1,5 +1,5 @@
 """The trainer config checked before anything starts: every key our code reads (our blocks ``search_r1``,
-``llds``, ``drift_penalty``, ``collapse_warning``, ``checkpoints``; ``trainer.save_on_sigterm``; the reward function's
+``llds``, ``drift_penalty``, ``collapse_warning``, ``checkpoints``, ``flat_steps``; ``trainer.save_on_sigterm``; the reward function's
 ``reward_kwargs``), the batch split verl needs, names of our classes that moved, and verl's own
 validation. Every problem is a :class:`~train.errors.ConfigError` naming the key."""
 
@@ -136,6 +136,10 @@ def check_config(config: DictConfig) -> None:
         raise ConfigError(str(e)) from None
     check_reward(config)
     checkpoint_preflight(config.trainer.nnodes, config.trainer.default_local_dir)
+    flat = config.get("flat_steps") or {}
+    unknown = set(flat) - {"skip_update"}
+    if unknown or not isinstance(flat.get("skip_update", False), bool):
+        raise ConfigError(f"flat_steps: the one key is skip_update, true or false; got {dict(flat)!r}")
     if not isinstance(config.trainer.get("save_on_sigterm", False), bool):
         raise ConfigError(f"trainer.save_on_sigterm must be true or false, got {config.trainer.save_on_sigterm!r}")
     if config.trainer.get("use_v1", True):
@@ -143,7 +147,8 @@ def check_config(config: DictConfig) -> None:
     if (config.algorithm.get("filter_groups") or {}).get("enable"):  # read by verl's v1 trainer only
         raise ConfigError("algorithm.filter_groups.enable=true has no effect here: verl 0.9.1 filters groups only in "
                           "its v1 trainer, and train.main drives RayPPOTrainer; every group is trained on "
-                          "(search_r1/flat_groups logs the share whose rewards are all equal)")
+                          "(search_r1/flat_groups logs the share whose rewards are all equal; "
+                          "flat_steps.skip_update=true skips the update of a step where every group is so)")
     actor = config.actor_rollout_ref.actor
     ranks = config.trainer.n_gpus_per_node * config.trainer.nnodes
     rollout = config.actor_rollout_ref.rollout

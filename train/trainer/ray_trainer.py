@@ -16,6 +16,17 @@ from train.search_r1.metrics import behaviour_metrics, search_metrics
 from train.trainer.sigterm import COLLAPSE_FLAG, StopAfterSave, stop_requested
 
 
+#: 1 on a step whose actor update ``flat_steps.skip_update`` skipped, else 0
+UPDATE_SKIPPED = "actor/update_skipped"
+
+
+def no_learning_signal(batch) -> bool:
+    """Whether every response token of ``batch`` (a DataProto) has advantage 0: with GRPO, every group's rewards
+    are all equal (each question's samples all right or all wrong), so the policy gradient is 0 everywhere."""
+    adv, mask = batch.batch["advantages"], batch.batch["response_mask"]
+    return not bool(((adv.abs() > 0) & (mask > 0)).any())
+
+
 class CollapseStop(Exception):
     def __init__(self, decision, step):
         super().__init__(step)
@@ -28,8 +39,17 @@ class SearchR1Trainer(RayPPOTrainer):
     def _update_actor_with_metrics(self, batch):
         from train.llds.loss import finish_llds_metrics
 
-        out = super()._update_actor(batch)
+        skip = bool((self.config.get("flat_steps") or {}).get("skip_update", False)) and no_learning_signal(batch)
+        if skip:  # nothing to learn: no optimizer step (the KL and entropy terms and Adam's momentum would move it)
+            from verl import DataProto
+
+            print(f"step {self.global_steps}: every advantage is 0 (in each group all rewards are equal): the "
+                  "actor's update is skipped (flat_steps.skip_update)", flush=True)
+            out = DataProto.from_single_dict(data={}, meta_info={"metrics": {}})
+        else:
+            out = super()._update_actor(batch)
         metrics = out.meta_info.setdefault("metrics", {})
+        metrics[UPDATE_SKIPPED] = [float(skip)]
         finish_llds_metrics(metrics)
         metrics.update(search_metrics(batch))
         metrics.update(behaviour_metrics(batch))
