@@ -135,3 +135,29 @@ def test_checkpoint_merges_and_evaluates(trained, bm25_server):
                           bm25_server.url, "--max-new-tokens", "8", "--max-turns", "1", "--device", "cpu",
                           "--out", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 10
+
+
+def test_a_step_with_no_advantage_is_skipped_in_verls_loop(tmp_path, tiny_model_dir, bm25_server, qa_path):
+    """flat_steps.skip_update in verl's real loop: with the EM reward the untrained tiny policy answers nothing
+    right, so every group is flat and every advantage 0; each step then logs that its update was skipped, makes
+    no optimizer step (no policy loss, no grad norm logged) and the run still saves its checkpoint."""
+    from step_metrics import parse
+
+    from train.data_prep import main as prep
+
+    prep(["--out", str(tmp_path / "data"), "--local", str(qa_path), "--holdout", "5"])
+    env = {**os.environ, "VERL_PLATFORM": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
+    run_main([f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'data/train.parquet'}",
+              f"data.val_files={tmp_path / 'data/test.parquet'}", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+              f"search_r1.retriever_url={bm25_server.url}/retrieve", "search_r1.max_turn_tokens=16",
+              "trainer.val_before_train=false", "trainer.total_training_steps=2", "trainer.save_freq=2",
+              "flat_steps.skip_update=true"], env, tmp_path / "run.log")
+    log = (tmp_path / "run.log").read_text()
+    steps = parse(tmp_path / "run.log")
+    assert sorted(steps) == [1, 2], log[-3000:]
+    for n, m in steps.items():
+        assert m["critic/score/mean"] == 0 and m["actor/update_skipped"] == 1, (n, m)
+        assert "actor/pg_loss" not in m and "actor/grad_norm" not in m, (n, m)
+        assert f"step {n}: every advantage is 0" in log
+    assert (tmp_path / "ckpt" / "global_step_2").is_dir()
