@@ -160,4 +160,13 @@ def test_a_step_with_no_advantage_is_skipped_in_verls_loop(tmp_path, tiny_model_
         assert m["critic/score/mean"] == 0 and m["actor/update_skipped"] == 1, (n, m)
         assert "actor/pg_loss" not in m and "actor/grad_norm" not in m, (n, m)
         assert f"step {n}: every advantage is 0" in log
-    assert (tmp_path / "ckpt" / "global_step_2").is_dir()
+    # nothing moved: the saved actor is the initial model, bit for bit (at the merged file's dtype). verl's update
+    # on such a step would have moved it (AdamW's weight decay acts on zero gradients)
+    from safetensors.torch import load_file
+
+    subprocess.run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir",
+                    str(tmp_path / "ckpt" / "global_step_2" / "actor"), "--target_dir", str(tmp_path / "hf")],
+                   cwd=ROOT, env=env, check=True, capture_output=True)
+    before, after = load_file(tiny_model_dir / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert all(before[k].to(after[k].dtype).equal(after[k]) for k in before)
