@@ -27,11 +27,12 @@ deleted once the held-out rows are written (about 1.6 GB a run); metrics and log
 The warm start's own held-out rows (the baseline of every gain) are ``heldout/warm_start.jsonl``; every
 header names the study's warm start (``warm_start``: the sha256 of the weights its first run used) and the
 weights the run itself started from (``warm_start_weights``), and the report refuses runs from two different
-warm starts. The warm start is not kept between machines (1.6 GB) and its rebuild is not bit-exact on another
-CPU (the same recipe gave loss 2.124 -> 0.158 on two machines, with other bits). A rebuilt warm start whose
+warm starts. The warm start is not kept between machines (1.6 GB). Its rebuild is bit-exact on the same kind of
+CPU (an AVX-512 BF16 EPYC rebuilt it bit for bit on 2026-12-07) but not on another (a Zen 3 EPYC without AVX-512
+gave loss 2.124 -> 0.158 as well, with other bits). A rebuilt warm start whose
 sha256 differs from the study's counts as the study's when its greedy held-out answers agree with the recorded
 ones on at least :data:`SAME_ANSWERS` of the questions and its EM is within :data:`SAME_EM` of theirs (checked
-once per rebuild, about 4 minutes; vLLM's greedy decoding is not batch-invariant, so even the same weights
+once per rebuild: one held-out evaluation, 4 minutes where the CPU has bf16 instructions and 43 without; vLLM's greedy decoding is not batch-invariant, so even the same weights
 need not repeat every answer); the run's header keeps the check (``warm_start_check``). Otherwise the runner
 stops and says why: new runs could not be paired with the recorded ones.
 """
