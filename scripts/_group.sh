@@ -8,7 +8,7 @@ if [ -z "${_STAGES_GROUP:-}" ]; then
   export _STAGES_GROUP=$$  # the stages (and scripts they start) run in this one group
   _opts=; [[ $- == *x* ]] && _opts=-x
   set -m  # job control: the background job below gets a process group of its own
-  "$BASH" $_opts "$0" "$@" &
+  "$BASH" $_opts "$0" "$@" </dev/null &  # no stage reads the terminal (a background group that tried would stop)
   _stages=$!
   set +m
   trap 'kill -s TERM -- "-$_stages" 2>/dev/null || true' TERM INT HUP
