@@ -156,3 +156,32 @@ def test_fault_handling_flags_and_keys(capsys, tmp_path):
     r = subprocess.run([sys.executable, "-m", "train.checkpoints", str(tmp_path / "global_step_3")], cwd=root,
                        capture_output=True, text=True)
     assert r.returncode == 1 and "does not exist" in r.stdout
+
+
+def test_a_checkpoint_sweep_refuses_steps_evaluated_with_other_settings(tmp_path, qa_path, capsys):
+    """The sweep's steps.jsonl counts a step as done; a rerun with another search budget would have mixed its
+    per-step EMs into one best step. It is refused before any merge, naming the setting."""
+    import json
+
+    from train.data_prep import main as prep
+    from train.evaluate import main
+
+    class NeverCalled:
+        async def generate(self, *a, **k):
+            raise AssertionError("nothing may be asked")
+
+    prep(["--out", str(tmp_path / "d"), "--local", str(qa_path), "--holdout", "2"])
+    root, out = tmp_path / "ckpt", tmp_path / "sweep"
+    (root / "global_step_5").mkdir(parents=True)
+    out.mkdir()
+    args = ["--checkpoints", str(root), "--data", str(tmp_path / "d" / "test.parquet"), "--out", str(out),
+            "--retriever-url", "http://127.0.0.1:9"]
+    from train.evaluation.options import EvalOptions
+
+    settings = {k: v for k, v in EvalOptions.parse(args).ask.answer_settings().items()
+                if k not in ("weights", "model_path")}
+    (out / "steps.jsonl").write_text(json.dumps({"step": 5, "n": 2, "em": 0.5, "sources": {}, "asked": 2,
+                                                 "data": "x", "settings": {**settings, "max_turns": 1}}) + "\n")
+    assert main(args, generator=NeverCalled()) == 2
+    err = capsys.readouterr().err
+    assert "steps.jsonl: step 5 was evaluated with other settings (max_turns 1 there, 4 now); pass another --out" in err

@@ -108,7 +108,7 @@ def evaluate_checkpoints(opts: "EvalOptions", rows: list[dict], paper: Optional[
     """Every complete checkpoint of ``opts.checkpoints``, each asked with ``opts.ask`` and its merged model.
     Raises :class:`~train.errors.CheckpointError` (exit 2) when none can be evaluated and
     :class:`~train.errors.RetrieverDown` (exit 3) naming the step when the retriever fails."""
-    from train.errors import CheckpointError, RetrieverDown
+    from train.errors import CheckpointError, DataError, RetrieverDown
     from train.evaluation.report import describe_speed, table
     from train.evaluation.results import macro_em
     from train.evaluation.runner import run_model
@@ -126,7 +126,18 @@ def evaluate_checkpoints(opts: "EvalOptions", rows: list[dict], paper: Optional[
     data = str(Path(opts.data).resolve())
     # a step counts as done only for the same data and questions (another --data, --limit or --sources
     # evaluates it again; its per-question jsonl then refuses rows for other questions)
-    done = {s: d for s, d in read_steps(summary).items() if d.get("data") == data and d.get("asked") == len(rows)}
+    # ... and with the same settings (the search budget, the method, the engine, ...; the weights are each step's
+    # own): a step evaluated with others is refused up front, as its per-question jsonl would refuse it
+    settings = {k: v for k, v in opts.ask.answer_settings().items() if k not in ("weights", "model_path")}
+    before = read_steps(summary)
+    for step, d in sorted(before.items()):
+        if d.get("settings") not in (None, settings):
+            said = "; ".join(f"{k} {d['settings'].get(k)!r} there, {settings.get(k)!r} now"
+                             for k in sorted(settings.keys() | d["settings"].keys())
+                             if d["settings"].get(k) != settings.get(k))
+            raise DataError(f"{summary}: step {step} was evaluated with other settings ({said}); pass another "
+                            f"--out, or delete {out} to start over")
+    done = {s: d for s, d in before.items() if d.get("data") == data and d.get("asked") == len(rows)}
     print(f"{len(steps)} checkpoints in {root}: steps {', '.join(map(str, steps))}; "
           f"{sum(s in done for s in steps)} already evaluated ({summary})")
     for step in steps:
@@ -147,7 +158,8 @@ def evaluate_checkpoints(opts: "EvalOptions", rows: list[dict], paper: Optional[
             except RetrieverDown as e:
                 raise RetrieverDown(f"step {step}: {e}", results=e.results) from None
         per, em = macro_em(results)
-        row = {"step": step, "n": len(results), "em": em, "sources": per, "data": data, "asked": len(rows)}
+        row = {"step": step, "n": len(results), "em": em, "sources": per, "data": data, "asked": len(rows),
+               "settings": settings}
         with open(summary, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         done[step] = row
