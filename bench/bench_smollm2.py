@@ -257,16 +257,16 @@ class Bench:
         self.save()
 
 
-def weights_stamp(model: str) -> list:
-    """(file, bytes, mtime) of the model folder's weights (a registry name resolved first): what tells one
-    checkpoint written to a path from the next."""
-    from train.models.registry import ModelNotReady, resolve
+def weights_stamp(model: str) -> str:
+    """The model's weights as the evaluator records them (:func:`train.models.registry.weights_id`, a registry
+    name resolved first): what tells one checkpoint written to a path from the next, and a re-merge of the same
+    checkpoint from another."""
+    from train.models.registry import ModelNotReady, resolve, weights_id
 
     try:
-        folder = Path(resolve(model))
+        return weights_id(resolve(model))
     except ModelNotReady:
-        return []
-    return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.glob("*.safetensors"))]
+        return ""
 
 
 def evaluator_speed(log: Path) -> dict:

@@ -30,7 +30,10 @@ def test_an_evaluation_is_reused_resumed_or_redone(tmp_path, monkeypatch):
     out.with_suffix(".done").unlink()  # interrupted before it finished
     b.evaluate(str(model), "search_r1", "hf", out)
     assert (len(commands), rows()) == (2, 2)  # resumed: the rows already there are kept
-    os.utime(model / "model.safetensors", ns=(1, 1))  # another checkpoint at the same path
+    os.utime(model / "model.safetensors", ns=(1, 1))  # the same weights written again (a re-merge): reused
+    b.evaluate(str(model), "search_r1", "hf", out)
+    assert (len(commands), rows()) == (2, 2)
+    (model / "model.safetensors").write_bytes(b"trained")  # another checkpoint at the same path
     b.evaluate(str(model), "search_r1", "hf", out)
     assert (len(commands), rows()) == (3, 1)  # started over
     b.evaluate(str(model), "search_r1", "hf", out, limit=5)
