@@ -112,6 +112,7 @@ def evaluate_checkpoints(opts: "EvalOptions", rows: list[dict], paper: Optional[
     from train.evaluation.report import describe_speed, table
     from train.evaluation.results import macro_em
     from train.evaluation.runner import run_model
+    from train.inference.results_file import differences
     from train.trainer import checkpoint_store as checkpoints
 
     root = Path(opts.checkpoints)
@@ -132,10 +133,8 @@ def evaluate_checkpoints(opts: "EvalOptions", rows: list[dict], paper: Optional[
     before = read_steps(summary)
     for step, d in sorted(before.items()):
         if d.get("settings") not in (None, settings):
-            said = "; ".join(f"{k} {d['settings'].get(k)!r} there, {settings.get(k)!r} now"
-                             for k in sorted(settings.keys() | d["settings"].keys())
-                             if d["settings"].get(k) != settings.get(k))
-            raise DataError(f"{summary}: step {step} was evaluated with other settings ({said}); pass another "
+            raise DataError(f"{summary}: step {step} was evaluated with other settings "
+                            f"({differences(d['settings'], settings)}); pass another "
                             f"--out, or delete {out} to start over")
     done = {s: d for s, d in before.items() if d.get("data") == data and d.get("asked") == len(rows)}
     print(f"{len(steps)} checkpoints in {root}: steps {', '.join(map(str, steps))}; "

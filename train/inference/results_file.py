@@ -36,6 +36,13 @@ def saw_failed_search(d: dict) -> bool:
     return int(d.get("failed_searches") or 0) > 0 or protocol.SEARCH_FAILED_TEXT in str(d.get("trajectory", ""))
 
 
+def differences(before: dict, now: dict, ignore=()) -> str:
+    """``"key <before> there, <now> now; ..."`` for each key whose value differs (keys in ``ignore`` left out);
+    empty when none does. The one wording of a settings mismatch (results files, the checkpoint sweep)."""
+    return "; ".join(f"{k} {before.get(k)!r} there, {now.get(k)!r} now" for k in sorted(before.keys() | now.keys())
+                     if k not in ignore and before.get(k) != now.get(k))
+
+
 def _lines(rows) -> str:
     return "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in rows)
 
@@ -115,12 +122,10 @@ class ResultsFile:
             except (OSError, json.JSONDecodeError) as e:
                 raise DataError(f"{side}: unreadable ({e}); it records what made the rows of {self.path}: "
                                 f"delete both to start over") from None
-            differ = [k for k in sorted(before.keys() | self.made_by.keys())
-                      if k not in self.UNCOMPARED and before.get(k) != self.made_by.get(k)]
-            if differ:
-                said = "; ".join(f"{k} {before.get(k)!r} there, {self.made_by.get(k)!r} now" for k in differ)
-                was = f" (the model there: {before['model_path']})" if "weights" in differ and before.get(
-                    "model_path") else ""
+            said = differences(before, self.made_by, self.UNCOMPARED)
+            if said:
+                was = (f" (the model there: {before['model_path']})"
+                       if before.get("weights") != self.made_by.get("weights") and before.get("model_path") else "")
                 raise DataError(f"{self.path} holds {len(done)} rows made with other settings ({side}): {said}"
                                 f"{was}; pass another --out, or delete the file and {side.name} to start over")
         elif done:
