@@ -176,7 +176,9 @@ def _set_keys(path: Path):
     """Every leaf key a config file of ours sets (our own blocks are validated by our own code)."""
     from omegaconf import OmegaConf
 
-    ours = {"search_r1", "llds", "drift_penalty", "collapse_warning", "checkpoints", "hydra", "defaults"}
+    from train.trainer.config_checks import OUR_BLOCKS
+
+    ours = {*OUR_BLOCKS, "hydra", "defaults"}
 
     def walk(d, prefix=""):
         for k, v in d.items():

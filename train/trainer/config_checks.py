@@ -9,6 +9,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from train.errors import ConfigError
 
+#: the top-level blocks of a trainer config that our code reads and checks (verl ignores them)
+OUR_BLOCKS = ("search_r1", "llds", "drift_penalty", "collapse_warning", "checkpoints", "flat_steps")
+
 #: dotted names a config may hold that moved to packages (an old override fails here, naming the new one)
 MOVED = {
     "train.agent_loop.SearchR1AgentLoopManager": "train.search_r1.rollout_manager.SearchR1AgentLoopManager",
