@@ -32,7 +32,8 @@ CPU (an AVX-512 BF16 EPYC rebuilt it bit for bit on 2026-12-07) but not on anoth
 gave loss 2.124 -> 0.158 as well, with other bits). A rebuilt warm start whose
 sha256 differs from the study's counts as the study's when its greedy held-out answers agree with the recorded
 ones on at least :data:`SAME_ANSWERS` of the questions and its EM is within :data:`SAME_EM` of theirs (checked
-once per rebuild: one held-out evaluation, 4 minutes where the CPU has bf16 instructions and 43 without; vLLM's greedy decoding is not batch-invariant, so even the same weights
+once per rebuild: one held-out evaluation, 4 minutes where the CPU has bf16 instructions and 43 without;
+vLLM's greedy decoding is not batch-invariant, so even the same weights
 need not repeat every answer); the run's header keeps the check (``warm_start_check``). Otherwise the runner
 stops and says why: new runs could not be paired with the recorded ones.
 """

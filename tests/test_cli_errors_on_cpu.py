@@ -131,7 +131,8 @@ def test_evaluate_refuses_to_resume_onto_other_data(tmp_path, qa_path, capsys, t
     assert main(["--model", "m", "--data", str(tmp_path / "d" / "test.parquet"), "--out", str(out),
                  "--retriever-url", bm25_server.url], generator=NeverCalled()) == 2
     err = capsys.readouterr().err
-    assert f"eval.jsonl holds {len(rows)} rows made with other settings" in err and "max_turns 1 there, 4 now" in err, err
+    assert f"eval.jsonl holds {len(rows)} rows made with other settings" in err, err
+    assert "max_turns 1 there, 4 now" in err, err
 
 
 def test_fault_handling_flags_and_keys(capsys, tmp_path):

@@ -1,7 +1,6 @@
-"""The trainer config checked before anything starts: every key our code reads (our blocks ``search_r1``,
-``llds``, ``drift_penalty``, ``collapse_warning``, ``checkpoints``, ``flat_steps``; ``trainer.save_on_sigterm``; the reward function's
-``reward_kwargs``), the batch split verl needs, names of our classes that moved, and verl's own
-validation. Every problem is a :class:`~train.errors.ConfigError` naming the key."""
+"""The trainer config checked before anything starts: every key our code reads (our blocks, :data:`OUR_BLOCKS`;
+``trainer.save_on_sigterm``; the reward function's ``reward_kwargs``), the batch split verl needs, names of our
+classes that moved, and verl's own validation. Every problem is a :class:`~train.errors.ConfigError` naming the key."""
 
 from __future__ import annotations
 

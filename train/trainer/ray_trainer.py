@@ -15,7 +15,6 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from train.search_r1.metrics import behaviour_metrics, search_metrics
 from train.trainer.sigterm import COLLAPSE_FLAG, StopAfterSave, stop_requested
 
-
 #: 1 on a step whose actor update ``flat_steps.skip_update`` skipped, else 0
 UPDATE_SKIPPED = "actor/update_skipped"
 
