@@ -362,3 +362,77 @@ def test_link_checker_catches_a_broken_link(tmp_path, monkeypatch):
     (tmp_path / "b.md").write_text("# B\n")
     got = link_problems(tmp_path / "a.md")
     assert len(got) == 2 and "c.md" in got[0] and "#nope" in got[1], got
+
+
+# --------------------------------------------------------------------------------------------------
+# settings tables: the default a page shows is the one configs/_base.yaml sets
+# --------------------------------------------------------------------------------------------------
+
+#: a table whose header reads ``| key (`block.*`) | default | ...``
+KEY_TABLE = re.compile(r"^\|\s*key \(`(\w+)\.\*`\)\s*\|\s*default\s*\|")
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e-?\d+)?")
+
+
+def default_problems(page: Path, base: dict) -> list[str]:
+    """Each row of a key table whose default column disagrees with ``base`` (configs/_base.yaml): a scalar
+    must read as the config's value (``true``/``false`` for booleans); a mapping (``name: [a, b]`` items) must
+    name the same keys with numbers equal to the config's at the precision written."""
+    bad, block = [], None
+    for i, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        m = KEY_TABLE.match(line)
+        if m:
+            block = m.group(1)
+            continue
+        if block is None or not line.startswith("|"):
+            block = None
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        key = cells[0].strip("`")
+        if set(key) <= set("- ") or len(cells) < 2:
+            continue
+        where = f"{rel(page)}:{i}: `{block}.{key}`"
+        if key not in (base.get(block) or {}):
+            bad.append(f"{where}: configs/_base.yaml has no such key")
+            continue
+        want, shown = base[block][key], cells[1]
+        if isinstance(want, dict):
+            items = dict(re.findall(r"`(\w+): \[([^\]]*)\]`", shown))
+            if sorted(items) != sorted(want):
+                bad.append(f"{where}: shows {sorted(items)}, the config sets {sorted(want)}")
+                continue
+            for name, text in items.items():
+                nums = NUMBER.findall(text)
+                ok = len(nums) == len(want[name]) and all(
+                    abs(float(n) - float(w)) <= 0.5 * 10 ** -(len(n.split(".")[1]) if "." in n else 0)
+                    for n, w in zip(nums, want[name]))
+                if not ok:
+                    bad.append(f"{where}: shows {name}: [{text}], the config sets {want[name]}")
+        else:
+            expect = str(want).lower() if isinstance(want, bool) else str(want)
+            if shown.strip("`") != expect:
+                bad.append(f"{where}: shows {shown}, the config sets {expect}")
+    return bad
+
+
+def test_settings_tables_show_the_configs_defaults():
+    import yaml
+
+    base = yaml.safe_load((ROOT / "configs" / "_base.yaml").read_text(encoding="utf-8"))
+    pages = [p for p in doc_files()
+             if any(KEY_TABLE.match(line) for line in p.read_text(encoding="utf-8").splitlines())]
+    assert pages, "no page has a key table any more: the check would check nothing"
+    bad = [msg for p in pages for msg in default_problems(p, base)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_defaults_check_catches_a_stale_level(tmp_path, monkeypatch):
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    base = {"w": {"action": "warn", "enable": True, "levels": {"ratio": [0.057759, 0.086638]}}}
+    page = tmp_path / "p.md"
+    page.write_text("| key (`w.*`) | default | meaning |\n| --- | --- | --- |\n| `action` | `warn` | x |\n"
+                    "| `enable` | true | x |\n| `levels` | `ratio: [0.058, 0.087]`, fitted | x |\n")
+    assert default_problems(page, base) == []
+    page.write_text(page.read_text().replace("0.058", "0.052").replace("| true |", "| false |")
+                    + "\n| key (`w.*`) | default | meaning |\n| `nope` | 1 | x |\n")
+    got = default_problems(page, base)
+    assert len(got) == 3 and "enable" in got[0] and "ratio" in got[1] and "no such key" in got[2], got
