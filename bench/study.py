@@ -29,7 +29,8 @@ questions (``bench/study/smollm2/heldout/``): per arm, held-out greedy EM (mean 
 questions it gave an answer to, its gain over
 the warm start and its difference against GRPO, paired by seed and question, with an interval from a
 bootstrap that resamples the seeds and then, within each, the questions (:func:`bootstrap_two_level`): it
-covers the spread between runs as well as the choice of questions.
+covers the spread between runs as well as the choice of questions. The fixes are also paired with each other
+(:func:`between_fixes`): two fixes each above GRPO are told apart only by their own difference's interval.
 """
 
 from __future__ import annotations
@@ -110,6 +111,22 @@ def bootstrap_two_level(per_seed: list[list[float]], n: int = 2000, seed: int = 
     return [round(means[int(0.025 * n)], 4), round(means[int(0.975 * n) - 1], 4)]
 
 
+def heldout_rows(study: Path, found: dict) -> dict:
+    """``{regime: {arm: {seed: {uid: row}}}}``: the held-out rows of every recorded run (an arm with none is
+    left out)."""
+    from bench.bench_smollm2 import read_rows
+
+    out: dict = {}
+    for regime, arms in found.items():
+        suffix = MODELS["smollm2"][regime][0]
+        for arm, runs in arms.items():
+            files = {s: smollm2_corpus.heldout_file(study, f"{arm}{suffix}-s{s}") for s in runs}
+            by_seed = {s: read_rows(f) for s, f in files.items() if f.is_file()}
+            if by_seed:
+                out.setdefault(regime, {})[arm] = by_seed
+    return out
+
+
 def heldout(study: Path, found: dict) -> dict:
     """Per regime and arm: held-out EM over seeds, its gain over the warm start and its difference against
     GRPO, paired by seed and question, each with :func:`bootstrap_two_level`'s interval."""
@@ -118,14 +135,8 @@ def heldout(study: Path, found: dict) -> dict:
     warm_path = smollm2_corpus.heldout_file(study, "warm_start")
     warm = read_rows(warm_path) if warm_path.is_file() else None
     out: dict = {}
-    for regime, arms in found.items():
-        suffix = MODELS["smollm2"][regime][0]
-        rows = {arm: {s: read_rows(smollm2_corpus.heldout_file(study, f"{arm}{suffix}-s{s}")) for s in runs
-                      if smollm2_corpus.heldout_file(study, f"{arm}{suffix}-s{s}").is_file()}
-                for arm, runs in arms.items()}
+    for regime, rows in heldout_rows(study, found).items():
         for arm, by_seed in rows.items():
-            if not by_seed:
-                continue
             seeds = sorted(by_seed)
             ems = [[by_seed[s][u]["em"] for u in sorted(by_seed[s])] for s in seeds]
             answered = [sum(bool(str(r.get("answer") or "").strip()) for r in by_seed[s].values()) / len(by_seed[s])
@@ -138,15 +149,35 @@ def heldout(study: Path, found: dict) -> dict:
                 gains = [[by_seed[s][u]["em"] - warm[u]["em"] for u in sorted(by_seed[s]) if u in warm] for s in seeds]
                 row["gain"] = {"em": sum(map(sum, gains)) / sum(map(len, gains)), "ci95": bootstrap_two_level(gains),
                                "warm_start_em": sum(r["em"] for r in warm.values()) / len(warm)}
-            base = rows.get("grpo", {})
-            paired = [s for s in seeds if s in base]
-            if arm != "grpo" and paired:
-                diffs = [[by_seed[s][u]["em"] - base[s][u]["em"] for u in sorted(by_seed[s]) if u in base[s]]
-                         for s in paired]
-                row["vs_grpo"] = {"seeds": paired, "diff": sum(map(sum, diffs)) / sum(map(len, diffs)),
-                                  "ci95": bootstrap_two_level(diffs)}
+            vs = paired_em(by_seed, rows["grpo"]) if arm != "grpo" and "grpo" in rows else None
+            if vs:
+                row["vs_grpo"] = vs
             out.setdefault(regime, {})[arm] = row
     return out
+
+
+def between_fixes(study: Path, found: dict) -> dict:
+    """Per regime: each fix's held-out EM minus each later fix's (in :data:`ARMS`' order), paired by seed and
+    question, for pairs that share a seed: whether the fixes are told apart, not only each against GRPO."""
+    out: dict = {}
+    for regime, rows in heldout_rows(study, found).items():
+        fixes = [arm for arm in rows if arm != "grpo"]
+        for i, a in enumerate(fixes):
+            for b in fixes[i + 1:]:
+                d = paired_em(rows[a], rows[b])
+                if d:
+                    out.setdefault(regime, {})[f"{a} - {b}"] = d
+    return out
+
+
+def paired_em(a: dict, b: dict) -> dict | None:
+    """Held-out EM of ``a`` minus ``b`` (each ``{seed: {uid: row}}``), paired by seed and question, with
+    :func:`bootstrap_two_level`'s interval; None when they share no seed."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    diffs = [[a[s][u]["em"] - b[s][u]["em"] for u in sorted(a[s]) if u in b[s]] for s in seeds]
+    return {"seeds": seeds, "diff": sum(map(sum, diffs)) / sum(map(len, diffs)), "ci95": bootstrap_two_level(diffs)}
 
 
 def final_mean(run, key: str = REWARD) -> float:
@@ -192,7 +223,7 @@ def summarise(found: dict) -> dict:
     return out
 
 
-def heldout_table(held: dict) -> str:
+def heldout_table(held: dict, between: dict | None = None) -> str:
     lines = []
     for regime, arms in held.items():
         lines += [f"**{regime}** regime: held-out EM, 200 test questions, greedy", "",
@@ -205,6 +236,14 @@ def heldout_table(held: dict) -> str:
                          + (f"{g['em']:+.3f} [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}]" if g else "-") + " | "
                          + (f"{vs['diff']:+.3f} [{vs['ci95'][0]:+.3f}, {vs['ci95'][1]:+.3f}]" if vs else "-") + " |")
         lines.append("")
+        if (between or {}).get(regime):
+            lines += [f"**{regime}** regime: the fixes against each other, held-out EM paired by seed and question", "",
+                      "| difference | seeds | EM [95% CI: seeds, then questions] |", "| --- | --- | --- |"]
+            for pair, d in between[regime].items():
+                a, b = pair.split(" - ")
+                lines.append(f"| {ARMS[a][0]} minus {ARMS[b][0]} | {len(d['seeds'])} | "
+                             f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |")
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -286,13 +325,13 @@ def main(argv=None) -> None:
                          + ("" if args.model == "toy" else f" --model {args.model}"))
     summary = summarise(found)
     if args.model == "smollm2":
-        summary = {"training": summary, "heldout": heldout(out, found)}
+        summary = {"training": summary, "heldout": heldout(out, found), "between_fixes": between_fixes(out, found)}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.model}.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot(found, out / f"{args.model}.png")
     print(table(summary.get("training", summary)))
     if "heldout" in summary:
-        print(heldout_table(summary["heldout"]))
+        print(heldout_table(summary["heldout"], summary["between_fixes"]))
     note = rebuilt_note(found)
     if note:
         print(note + "\n")

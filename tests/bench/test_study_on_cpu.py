@@ -74,8 +74,14 @@ def test_smollm2_heldout_em_is_paired_by_seed_and_question(tmp_path, capsys):
         better = [1.0 if i < 6 + seed else 0.0 for i in range(20)]         # LLDS: the same plus 2 more, every seed
         write_smollm2(corpus, out, "grpo_lrx10_updates4", seed, healthy, base, unanswered=5)
         write_smollm2(corpus, out, "llds_lrx10_updates4", seed, healthy, better)
+        if seed < 2:  # LLDS-MA on two seeds: LLDS's answers but one of them, the same on both seeds
+            write_smollm2(corpus, out, "lldsma_lrx10_updates4", seed, healthy, [e if i else 0.0 for i, e in
+                                                                                   enumerate(better)])
     study.main(["--model", "smollm2", "--corpus", str(corpus), "--out", str(out)])
     summary = json.loads((out / "smollm2.json").read_text())
+    between = summary["between_fixes"]["lrx10_updates4"]
+    assert list(between) == ["llds - lldsma"] and between["llds - lldsma"]["seeds"] == [0, 1]
+    assert between["llds - lldsma"]["diff"] == pytest.approx(0.05)  # 1 of 20 questions, on the seeds both ran
     held = summary["heldout"]["lrx10_updates4"]
     assert held["grpo"]["em"] == pytest.approx(0.25) and held["llds"]["em"] == pytest.approx(0.35)
     assert held["llds"]["vs_grpo"]["diff"] == pytest.approx(0.1)
@@ -88,6 +94,7 @@ def test_smollm2_heldout_em_is_paired_by_seed_and_question(tmp_path, capsys):
     assert held["grpo"]["answered"] == pytest.approx(0.75) and held["llds"]["answered"] == 1.0
     printed = capsys.readouterr().out
     assert "| GRPO+LLDS | 3 | 0.350 [" in printed and "] | 0.75 | " in printed
+    assert "| GRPO+LLDS minus GRPO+LLDS-MA | 2 | +0.050 [" in printed
     assert "rebuilt warm start" not in printed
 
     check = {"answers_equal": 0.97, "em": 0.14, "recorded_em": 0.14, "same": True}
