@@ -127,15 +127,16 @@ def heldout_rows(study: Path, found: dict) -> dict:
     return out
 
 
-def heldout(study: Path, found: dict) -> dict:
-    """Per regime and arm: held-out EM over seeds, its gain over the warm start and its difference against
-    GRPO, paired by seed and question, each with :func:`bootstrap_two_level`'s interval."""
+def heldout(study: Path, held_rows: dict) -> dict:
+    """Per regime and arm of ``held_rows`` (:func:`heldout_rows`): held-out EM over seeds, its gain over the warm
+    start and its difference against GRPO, paired by seed and question, each with :func:`bootstrap_two_level`'s
+    interval."""
     from bench.bench_smollm2 import read_rows
 
     warm_path = smollm2_corpus.heldout_file(study, "warm_start")
     warm = read_rows(warm_path) if warm_path.is_file() else None
     out: dict = {}
-    for regime, rows in heldout_rows(study, found).items():
+    for regime, rows in held_rows.items():
         for arm, by_seed in rows.items():
             seeds = sorted(by_seed)
             ems = [[by_seed[s][u]["em"] for u in sorted(by_seed[s])] for s in seeds]
@@ -156,11 +157,11 @@ def heldout(study: Path, found: dict) -> dict:
     return out
 
 
-def between_fixes(study: Path, found: dict) -> dict:
+def between_fixes(held_rows: dict) -> dict:
     """Per regime: each fix's held-out EM minus each later fix's (in :data:`ARMS`' order), paired by seed and
     question, for pairs that share a seed: whether the fixes are told apart, not only each against GRPO."""
     out: dict = {}
-    for regime, rows in heldout_rows(study, found).items():
+    for regime, rows in held_rows.items():
         fixes = [arm for arm in rows if arm != "grpo"]
         for i, a in enumerate(fixes):
             for b in fixes[i + 1:]:
@@ -325,7 +326,8 @@ def main(argv=None) -> None:
                          + ("" if args.model == "toy" else f" --model {args.model}"))
     summary = summarise(found)
     if args.model == "smollm2":
-        summary = {"training": summary, "heldout": heldout(out, found), "between_fixes": between_fixes(out, found)}
+        held_rows = heldout_rows(out, found)
+        summary = {"training": summary, "heldout": heldout(out, held_rows), "between_fixes": between_fixes(held_rows)}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.model}.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot(found, out / f"{args.model}.png")
