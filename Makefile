@@ -28,13 +28,28 @@ $(STAMP): pyproject.toml .ci/constraints.txt
 models: $(STAMP)
 	$(PY) -m train.get_model smollm2-135m-instruct
 
+# The suite in two passes. First the fast tier on TEST_WORKERS pytest workers (pytest-xdist, a test file per
+# worker at a time): its tests use one core or less each. Then the slow tier one test at a time (each training run
+# takes both cores), ending with the check that nothing of ours is left running, which looks back to the first
+# pass's start (SUITE_START). Both passes always run; the exit status is the first failing pass's.
+TEST_WORKERS ?= 2
+FAST_PASS = $(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile -m "not slow and not last"
+
 test: $(STAMP) models
-	$(PY) -m pytest -q -ra --durations=25 tests
+	@export SUITE_START=$$(date +%s); rc=0; \
+	echo "== the fast tier on $(TEST_WORKERS) workers"; \
+	$(FAST_PASS) --durations=10 tests || rc=$$?; \
+	echo "== the slow tier, one test at a time, and the check that nothing is left"; \
+	$(PY) -m pytest -q -ra -m "slow or last" --durations=25 tests || { r=$$?; [ $$rc != 0 ] || rc=$$r; }; \
+	exit $$rc
 
 # The fast tier: every test not marked slow (no training run, no warm start, no end-to-end script), a few
 # minutes on 2 cores; run it while changing code, and `make test` before a pull request (CONTRIBUTING.md).
 test-fast: $(STAMP) models
-	$(PY) -m pytest -q -ra -m "not slow" --durations=10 tests
+	@export SUITE_START=$$(date +%s); rc=0; \
+	$(FAST_PASS) --durations=10 tests || rc=$$?; \
+	$(PY) -m pytest -q -ra -m last tests || { r=$$?; [ $$rc != 0 ] || rc=$$r; }; \
+	exit $$rc
 
 # pyflakes, pycodestyle (120 columns) and import order over the project ([tool.ruff] in pyproject.toml).
 lint: $(STAMP)

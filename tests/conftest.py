@@ -17,14 +17,20 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# setuptools first, in every test process: torch's inductor imports it when it first compiles, and there its
+# distutils shim can fail ("AssertionError: .../python3.11/distutils/core.py") depending on what the process ran
+# before; make test's fast tier runs each file in one of two worker processes, so what comes first varies
+import setuptools  # noqa: E402,F401
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-#: when this test session started: what a test starts after it and leaves running is ours (tests/leftovers.py)
-SESSION_START = time.time()
+#: when this test session started: what a test starts after it and leaves running is ours (tests/leftovers.py);
+#: ``make test`` runs the suite in two passes and sets SUITE_START (epoch seconds) to the first pass's start
+SESSION_START = float(os.environ.get("SUITE_START") or time.time())
 
 
 #: fixtures that cost minutes (the learnable task's warm start and its training run): their users are slow
