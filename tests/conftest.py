@@ -28,9 +28,20 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def _suite_start() -> float:
+    raw = os.environ.get("SUITE_START")
+    if not raw:
+        return time.time()
+    try:
+        return float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"SUITE_START={raw!r}: expected the suite's start in seconds since the epoch "
+                                "(make test sets it with `date +%s`)") from None
+
+
 #: when this test session started: what a test starts after it and leaves running is ours (tests/leftovers.py);
 #: ``make test`` runs the suite in two passes and sets SUITE_START (epoch seconds) to the first pass's start
-SESSION_START = float(os.environ.get("SUITE_START") or time.time())
+SESSION_START = _suite_start()
 
 
 #: fixtures that cost minutes (the learnable task's warm start and its training run): their users are slow

@@ -5,13 +5,15 @@ the first test shows it finds each kind of leftover."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 
 import pytest
 
 from tests import leftovers
-from tests.conftest import SESSION_START, free_port, stop_ray_processes
+from tests.conftest import ROOT, SESSION_START, free_port, stop_ray_processes
 
 
 def test_the_check_finds_a_process_a_namespace_and_a_stale_ray_address(tmp_path, monkeypatch):
@@ -49,6 +51,14 @@ def test_the_check_finds_a_process_a_namespace_and_a_stale_ray_address(tmp_path,
         finally:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         assert ns not in leftovers.namespaces()
+
+
+def test_a_bad_suite_start_is_named():
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        "tests/test_nothing_left_on_cpu.py"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "SUITE_START": "yesterday"}, timeout=120)
+    assert r.returncode != 0 and "SUITE_START='yesterday': expected the suite's start" in r.stdout + r.stderr, \
+        (r.stdout + r.stderr)[-2000:]
 
 
 @pytest.mark.last
